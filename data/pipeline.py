@@ -1,0 +1,126 @@
+"""Input pipelines for `strategy.distribute_datasets_from_function`: per-replica batches from one TFDS dataset.
+
+Training data order is a pure function of (SEED, global step), the same for any replica or host count:
+- the train split is one endless stream of positions 0, 1, 2, ...; position p is example
+  index_shuffle(p mod N, seed=(SEED, epoch = p div N)) of the split: a full, stateless permutation per epoch;
+- global step s trains on stream positions [s * G, (s + 1) * G) for global batch G, so a resumed run starts
+  exactly where the interrupted one stopped (the pipeline is positioned from the step counter; TF cannot
+  checkpoint distributed iterators);
+- each input pipeline keeps every P-th position (P = number of pipelines, i.e. hosts), so the union of one step's
+  per-replica batches is the same G examples whatever the replica or host count;
+- augmentation is stateless, seeded by (SEED, position).
+Random access needs the encoded split in host memory: right for the datasets shipped here (up to ~150 MB);
+ImageNet-scale data needs a random-access source (TFDS array_record) instead.
+
+Evaluation covers every example of the eval split exactly once: the split is padded with masked-out examples to a
+whole number of global batches, so every per-replica batch has the same static shape (what TPUs need).
+"""
+
+import importlib
+import logging
+import math
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from data.registry import DatasetSpec
+from training.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    """The TFDS builder for `spec`, built into `data_dir` first if it is not there yet (offline for bundled data)."""
+    if spec.module:
+        importlib.import_module(spec.module)  # Registers the bundled builder with TFDS.
+    try:
+        builder = tfds.builder(spec.tfds_name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as error:
+        raise ConfigError(f"TFDS has no dataset {spec.tfds_name!r} ({error}).") from error
+    if not builder.is_prepared():
+        log.info("Preparing TFDS dataset %r in %s (once).", spec.tfds_name, builder.data_dir)
+        tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
+        builder.download_and_prepare()
+    return builder
+
+
+def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
+    return builder.info.splits[split].num_examples
+
+
+def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int, seed: int,
+                        start_step: int):
+    """Returns input_fn(InputContext) -> dataset of (image, label) per-replica batches, starting at `start_step`."""
+    num_examples = split_size(builder, spec.train_split)
+    if num_examples < global_batch_size:
+        raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {num_examples} examples of "
+                          f"{spec.tfds_name}:{spec.train_split}; use a smaller batch.")
+
+    def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # The encoded split in memory, for random access by index (a few MB to ~150 MB for the shipped datasets).
+        encoded = _encoded_split(builder, spec.train_split).batch(num_examples).get_single_element()
+        seed_tensor = tf.constant(seed, tf.int64)
+
+        def example_at(position):
+            """The example at global stream position `position`: epoch-wise permutation, seeded by (SEED, epoch)."""
+            epoch, index = position // num_examples, position % num_examples
+            shuffled = tf.random.experimental.index_shuffle(index, seed=tf.stack([seed_tensor, epoch]),
+                                                            max_index=num_examples - 1)
+            image = _decode_and_preprocess(spec, builder, tf.gather(encoded["image"], shuffled))
+            if spec.augment is not None:
+                image = spec.augment(image, tf.stack([seed_tensor, position]))
+            return image, tf.gather(encoded["label"], shuffled)
+
+        per_replica = context.get_per_replica_batch_size(global_batch_size)
+        return (tf.data.Dataset.counter(start_step * global_batch_size)
+                .shard(context.num_input_pipelines, context.input_pipeline_id)
+                .map(example_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                .batch(per_replica, drop_remainder=True)
+                .prefetch(tf.data.AUTOTUNE))
+
+    return input_fn
+
+
+def eval_steps(builder: tfds.core.DatasetBuilder, spec: DatasetSpec, global_batch_size: int) -> int:
+    """Number of global batches that cover the eval split once (the last one padded)."""
+    return math.ceil(split_size(builder, spec.eval_split) / global_batch_size)
+
+
+def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int):
+    """Returns input_fn(InputContext) -> dataset of (image, label, mask) per-replica batches covering the split once.
+
+    mask is 1.0 for real examples and 0.0 for padding; every metric must weight by it.
+    """
+    num_examples = split_size(builder, spec.eval_split)
+    padded_size = eval_steps(builder, spec, global_batch_size) * global_batch_size
+
+    def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        def decode(example):
+            image = _decode_and_preprocess(spec, builder, example["image"])
+            return image, example["label"], tf.constant(1.0)
+
+        real = _encoded_split(builder, spec.eval_split).map(decode, num_parallel_calls=tf.data.AUTOTUNE,
+                                                                   deterministic=True)
+        image_spec, label_spec, _ = real.element_spec
+        padding = tf.data.Dataset.from_tensors((tf.zeros(image_spec.shape, image_spec.dtype),
+                                                tf.zeros(label_spec.shape, label_spec.dtype),
+                                                tf.constant(0.0))).repeat(padded_size - num_examples)
+        per_replica = context.get_per_replica_batch_size(global_batch_size)
+        return (real.concatenate(padding)
+                .shard(context.num_input_pipelines, context.input_pipeline_id)
+                .batch(per_replica, drop_remainder=True)
+                .prefetch(tf.data.AUTOTUNE))
+
+    return input_fn
+
+
+def _encoded_split(builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:
+    """The split in file order, images still encoded (decoded per example, after shuffling)."""
+    dataset = builder.as_dataset(split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()},
+                                 read_config=tfds.ReadConfig(interleave_cycle_length=1, add_tfds_id=False))
+    return dataset.map(lambda example: {"image": example["image"], "label": example["label"]})
+
+
+def _decode_and_preprocess(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, encoded: tf.Tensor) -> tf.Tensor:
+    image = builder.info.features["image"].decode_example(encoded)
+    return tf.ensure_shape(spec.preprocess(image), spec.image_shape)  # Static shapes: TPUs need them.

@@ -1,0 +1,31 @@
+"""A small convolutional network with BatchNormalization: the default model for the digits experiment."""
+
+import gin
+import keras
+
+
+@gin.configurable
+def cnn(input_shape, num_classes, *, filters=(32, 64), dense_units=128, dropout_rate=0.0,
+        synchronized_batch_norm=False, kernel_l2=0.0) -> keras.Model:
+    """[Conv3x3 + BN + ReLU + (MaxPool if the image is still > 4 px)] per entry of `filters` -> GAP -> Dense -> logits.
+
+    synchronized_batch_norm: compute batch statistics over all replicas (exact replica invariance, at the cost of
+    one all-reduce per BN layer); otherwise each replica normalises with its own batch's statistics.
+    """
+    regularizer = keras.regularizers.L2(kernel_l2) if kernel_l2 else None
+    inputs = keras.Input(shape=input_shape, name="image")
+    x = inputs
+    size = min(input_shape[0], input_shape[1])
+    for count in filters:
+        x = keras.layers.Conv2D(count, 3, padding="same", use_bias=False, kernel_regularizer=regularizer)(x)
+        x = keras.layers.BatchNormalization(synchronized=synchronized_batch_norm)(x)
+        x = keras.layers.ReLU()(x)
+        if size > 4:
+            x = keras.layers.MaxPooling2D(2)(x)
+            size //= 2
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.Dense(dense_units, activation="relu", kernel_regularizer=regularizer)(x)
+    if dropout_rate:
+        x = keras.layers.Dropout(dropout_rate)(x)
+    logits = keras.layers.Dense(num_classes, kernel_regularizer=regularizer, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, logits, name="cnn")

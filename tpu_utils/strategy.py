@@ -1,0 +1,111 @@
+"""Strategy selection: the one place that turns `STRATEGY`/`VIRTUAL_DEVICES`/`TPU` into a `tf.distribute.Strategy`.
+
+Nothing else in the template touches device set-up, TPU resolvers or TF_CONFIG. Call `make_strategy` before any
+other TensorFlow work in the process: virtual CPU devices can only be configured before TF initialises its devices.
+"""
+
+import glob
+import os
+
+import tensorflow as tf
+
+from training.errors import ConfigError
+
+STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker_mirrored", "tpu")
+
+# Device files a Cloud TPU VM exposes for its local chips (v2/v3: /dev/accel*, v4 and later: /dev/vfio/<n>).
+_LOCAL_TPU_DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+
+
+def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local") -> tf.distribute.Strategy:
+    """Returns the strategy named `name` (one of STRATEGY_NAMES).
+
+    Args:
+      name: 'auto' picks 'tpu' when a TPU is attached, else 'mirrored' over all local GPUs, else 'default'.
+      virtual_devices: with 'mirrored' on a CPU-only host, split the CPU into this many devices (0 = off). Used to
+        simulate replicas on a laptop or in CI; an error with any other strategy.
+      tpu: 'local' (Colab, single-host TPU VM) or the TPU name of a pod slice.
+    """
+    if name not in STRATEGY_NAMES:
+        raise ConfigError(f"Unknown STRATEGY={name!r}. Expected one of {', '.join(map(repr, STRATEGY_NAMES))}; "
+                          f"set it with --gin_param=\"STRATEGY='mirrored'\".")
+    if not isinstance(virtual_devices, int) or isinstance(virtual_devices, bool) or virtual_devices < 0:
+        raise ConfigError(f"VIRTUAL_DEVICES={virtual_devices!r} must be an int >= 0 (0 = off).")
+    if name == "auto":
+        name = _detect_strategy_name()
+    if virtual_devices and name != "mirrored":
+        raise ConfigError(f"VIRTUAL_DEVICES={virtual_devices} only works with STRATEGY='mirrored' (got {name!r}): it "
+                          "splits the CPU into devices to simulate replicas. Set STRATEGY='mirrored' or "
+                          "VIRTUAL_DEVICES=0.")
+    return _BUILDERS[name](virtual_devices=virtual_devices, tpu=tpu)
+
+
+def local_tpu_attached() -> bool:
+    """True when this host exposes TPU chips (a TPU VM or Colab TPU runtime); a file check, no network."""
+    return any(glob.glob(pattern) for pattern in _LOCAL_TPU_DEVICE_GLOBS)
+
+
+def _detect_strategy_name() -> str:
+    if local_tpu_attached() or os.environ.get("TPU_NAME"):
+        return "tpu"
+    if tf.config.list_physical_devices("GPU"):
+        return "mirrored"
+    return "default"
+
+
+def _default(*, virtual_devices, tpu):
+    del virtual_devices, tpu
+    return tf.distribute.get_strategy()
+
+
+def _mirrored(*, virtual_devices, tpu):
+    del tpu
+    if not virtual_devices:
+        return tf.distribute.MirroredStrategy()
+    if tf.config.list_physical_devices("GPU"):
+        raise ConfigError(f"VIRTUAL_DEVICES={virtual_devices} splits the CPU, but this host has GPUs: use "
+                          "VIRTUAL_DEVICES=0 to mirror over the GPUs.")
+    configure_virtual_cpus(virtual_devices)
+    # ReductionToOneDevice: the default collective ops on CPU cannot be reused with another replica count in the
+    # same process ("joining a group with size 4, but that group has size 2"), which the invariance check needs.
+    return tf.distribute.MirroredStrategy(devices=[f"/cpu:{index}" for index in range(virtual_devices)],
+                                          cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def configure_virtual_cpus(count: int) -> None:
+    """Splits the first CPU into at least `count` logical devices; must run before TF initialises its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    existing = tf.config.get_logical_device_configuration(cpu)
+    if existing is not None and len(existing) >= count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError as error:
+        have = len(tf.config.list_logical_devices("CPU"))
+        raise ConfigError(f"VIRTUAL_DEVICES={count}: TensorFlow already initialised {have} CPU device(s) in this "
+                          "process, so it cannot be split any more. Create the strategy before any other "
+                          f"TensorFlow work ({error}).") from error
+
+
+def _multi_worker_mirrored(*, virtual_devices, tpu):
+    del virtual_devices, tpu
+    if not os.environ.get("TF_CONFIG"):
+        raise ConfigError("STRATEGY='multi_worker_mirrored' needs the TF_CONFIG environment variable (the cluster "
+                          "and this worker's task), set on every worker before it starts; or set STRATEGY='mirrored' "
+                          "for one machine.")
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _tpu(*, virtual_devices, tpu):
+    del virtual_devices
+    from tpu_utils import tpu_init  # Imported lazily: only TPU runs need the resolver machinery.
+
+    return tpu_init.make_tpu_strategy(tpu)
+
+
+_BUILDERS = {
+    "default": _default,
+    "mirrored": _mirrored,
+    "multi_worker_mirrored": _multi_worker_mirrored,
+    "tpu": _tpu,
+}

@@ -1,0 +1,83 @@
+"""ExperimentConfig: every setting of one run, validated before anything is built.
+
+A plain dataclass (usable without gin in tests and tools); `training/experiment.py` exposes it to gin as the root
+configurable `experiment`, and configs/base.gin binds its fields to the contract's macros (STRATEGY, MODEL, ...).
+"""
+
+import dataclasses
+
+from training.errors import ConfigError
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """One experiment. Step counts are optimizer steps; each step consumes one global batch."""
+
+    strategy: str = "auto"
+    virtual_devices: int = 0
+    tpu: str = "local"
+    model: str
+    dataset: str
+    data_dir: str | None = None
+    global_batch_size: int
+    train_steps: int
+    steps_per_loop: int
+    checkpoint_every: int  # Steps between checkpoints; a multiple of steps_per_loop; 0 = only at the end.
+    eval_every: int  # Steps between evaluations; a multiple of steps_per_loop; 0 = only at the end.
+    learning_rate: float
+    precision: str = "float32"
+    seed: int = 0
+    optimizer: str = "sgd"
+    lr_schedule: str = "constant"
+    loss: str = "softmax_cross_entropy"
+    clip_global_norm: float | None = None  # Clip the replica-summed gradients to this global norm; None = off.
+    eval_batch_size: int | None = None  # Global eval batch; None = global_batch_size.
+    checkpoints_to_keep: int = 3
+
+    def __post_init__(self):
+        for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep"):
+            _require_int(name, getattr(self, name), minimum=1)
+        for name in ("checkpoint_every", "eval_every", "virtual_devices"):
+            _require_int(name, getattr(self, name), minimum=0)
+        _require_int("seed", self.seed, minimum=0)
+        if self.eval_batch_size is not None:
+            _require_int("eval_batch_size", self.eval_batch_size, minimum=1)
+        for name in ("checkpoint_every", "eval_every"):
+            value = getattr(self, name)
+            if value % self.steps_per_loop:
+                raise ConfigError(f"{name.upper()}={value} must be a multiple of STEPS_PER_LOOP={self.steps_per_loop} "
+                                  "(the host only acts between loops); e.g. "
+                                  f"{name.upper()}={max(1, round(value / self.steps_per_loop)) * self.steps_per_loop}.")
+        if not isinstance(self.learning_rate, (int, float)) or isinstance(self.learning_rate, bool) or \
+                not self.learning_rate > 0:
+            raise ConfigError(f"LEARNING_RATE={self.learning_rate!r} must be a number > 0.")
+        if self.clip_global_norm is not None and not self.clip_global_norm > 0:
+            raise ConfigError(f"clip_global_norm={self.clip_global_norm!r} must be > 0, or None to disable clipping.")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"PRECISION={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}.")
+
+    @property
+    def global_eval_batch_size(self) -> int:
+        return self.eval_batch_size or self.global_batch_size
+
+    def check_replicas(self, num_replicas: int) -> None:
+        """Batches must split evenly over replicas: every replica runs the same static shape."""
+        for name, value in (("GLOBAL_BATCH_SIZE", self.global_batch_size),
+                            ("eval_batch_size", self.global_eval_batch_size)):
+            if value % num_replicas:
+                lower = value // num_replicas * num_replicas
+                raise ConfigError(f"{name}={value} does not divide by the {num_replicas} replicas of this strategy. "
+                                  f"Use a multiple of {num_replicas}, e.g. {lower or num_replicas} or "
+                                  f"{lower + num_replicas}.")
+
+    def identity(self) -> dict:
+        """Settings a resumed run must share with the run that wrote the checkpoint (data order and weights)."""
+        return {"GLOBAL_BATCH_SIZE": self.global_batch_size, "SEED": self.seed, "MODEL": self.model,
+                "DATASET": self.dataset}
+
+
+def _require_int(name: str, value, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name.upper()}={value!r} must be an integer >= {minimum}.")

@@ -1,0 +1,146 @@
+"""The host loop: the only code that decides when to log, evaluate, checkpoint, summarise and export.
+
+Between two on-device loops of STEPS_PER_LOOP steps it: checks the loss is finite (else exit 4 with the newest
+checkpoint on disk as the last good one), logs step/loss/accuracy/examples per second, writes TensorBoard
+summaries, evaluates every EVAL_EVERY steps (rewriting metrics.json), checkpoints every CHECKPOINT_EVERY steps, and
+honours SIGTERM/SIGINT (checkpoint, then exit 3). At the end it evaluates, checkpoints and exports.
+"""
+
+import contextlib
+import logging
+import math
+import signal
+import time
+
+import tensorflow as tf
+
+from training.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from training.export import export_saved_model
+from training.run_directory import RunDirectory
+from training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    """Runs a Trainer to TRAIN_STEPS with the bookkeeping of the run directory."""
+
+    def __init__(self, trainer: Trainer, run_dir: RunDirectory):
+        self.trainer = trainer
+        self.run_dir = run_dir
+        self.config = trainer.config
+        self.manager = tf.train.CheckpointManager(trainer.checkpoint, run_dir.checkpoint_dir,
+                                                  max_to_keep=self.config.checkpoints_to_keep,
+                                                  step_counter=trainer.optimizer.iterations)
+        self._stop_signal = None
+
+    def restore(self) -> int:
+        """Restores the latest checkpoint if there is one (after checking it belongs to this run); returns the step."""
+        latest = self.manager.latest_checkpoint
+        self.run_dir.check_identity(self.config.identity(), has_checkpoint=latest is not None)
+        if latest:
+            self.trainer.checkpoint.restore(latest).assert_existing_objects_matched()
+            log.info("Resumed from %s at step %d.", latest, self.trainer.step)
+        return self.trainer.step
+
+    def restore_for_inference(self) -> int:
+        """Restores the latest checkpoint for --mode=eval/export; a ConfigError if there is none."""
+        if not self.manager.latest_checkpoint:
+            raise ConfigError(f"No checkpoint in {self.run_dir.checkpoint_dir}: train first (--mode=train) or pass "
+                              "the --model_dir of a trained run.")
+        return self.restore()
+
+    def train_and_evaluate(self) -> dict:
+        """Trains from the current step to TRAIN_STEPS; returns the final {'step', 'train', 'eval'} metrics."""
+        config, trainer = self.config, self.trainer
+        train_writer = tf.summary.create_file_writer(self.run_dir.path("train")) if self.run_dir.is_chief else \
+            tf.summary.create_noop_writer()
+        train_metrics = {}
+        if trainer.step >= config.train_steps:
+            log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
+                     config.train_steps)
+        else:
+            iterator = trainer.train_iterator()
+            with self._catch_stop_signals():
+                while trainer.step < config.train_steps:
+                    train_metrics = self._run_one_loop(iterator, train_writer)
+                    step = trainer.step
+                    if step == config.train_steps:
+                        break
+                    if config.eval_every and step % config.eval_every == 0:
+                        self.evaluate(train_metrics)
+                    if self._stop_signal is not None:
+                        self.manager.save(checkpoint_number=step)
+                        raise TrainingInterrupted(f"Stopped by {signal.Signals(self._stop_signal).name} at step {step}; "
+                                                  "checkpoint saved. Rerun the same command to resume.")
+                    if config.checkpoint_every and step % config.checkpoint_every == 0:
+                        self.manager.save(checkpoint_number=step)
+        final = self.evaluate(train_metrics)
+        if self.manager.latest_checkpoint is None or not self.manager.latest_checkpoint.endswith(f"-{trainer.step}"):
+            self.manager.save(checkpoint_number=trainer.step)
+        self.export()
+        return final
+
+    def evaluate(self, train_metrics: dict | None = None) -> dict:
+        """Exact evaluation now; logs it, writes eval summaries and metrics.json."""
+        started = time.perf_counter()
+        evaluation = self.trainer.evaluate()
+        step = self.trainer.step
+        log.info("eval step %d | %s | %.1f s", step, _format(evaluation), time.perf_counter() - started)
+        if self.run_dir.is_chief:
+            with tf.summary.create_file_writer(self.run_dir.path("eval")).as_default(step=step):
+                for name, value in evaluation.items():
+                    tf.summary.scalar(name, value)
+        previous = self.run_dir.read_json("metrics.json") or {}
+        self.run_dir.write_metrics(step, train_metrics or previous.get("train", {}), evaluation)
+        return {"step": step, "train": train_metrics or previous.get("train", {}), "eval": evaluation}
+
+    def export(self) -> str:
+        path = self.run_dir.export_dir(self.trainer.step)
+        if self.run_dir.is_chief:
+            export_saved_model(self.trainer.model, self.trainer.dataset_spec, path)
+            log.info("Exported SavedModel to %s", path)
+        return path
+
+    def _run_one_loop(self, iterator, writer) -> dict:
+        config, trainer = self.config, self.trainer
+        num_steps = min(config.steps_per_loop, config.train_steps - trainer.step)
+        started = time.perf_counter()
+        metrics = trainer.train(iterator, num_steps)
+        seconds = time.perf_counter() - started
+        step = trainer.step
+        if not math.isfinite(metrics["loss"]):
+            raise NonFiniteLossError(f"Loss became {metrics['loss']} between steps {step - num_steps} and {step}. "
+                                     f"Nothing was saved after step {self.manager.latest_checkpoint or 0}: that "
+                                     "checkpoint is the last good one. Lower LEARNING_RATE or set clip_global_norm.")
+        metrics["examples_per_second"] = num_steps * config.global_batch_size / seconds
+        learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
+        log.info("step %*d/%d | %s | lr %.4g", len(str(config.train_steps)), step, config.train_steps,
+                 _format(metrics), learning_rate)
+        with writer.as_default(step=step):
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value)
+            tf.summary.scalar("learning_rate", learning_rate)
+        return {key: value for key, value in metrics.items() if key != "examples_per_second"}
+
+    @contextlib.contextmanager
+    def _catch_stop_signals(self):
+        """SIGTERM/SIGINT set a flag that the loop honours at the next loop boundary; a second signal stops at once."""
+
+        def handler(signum, frame):
+            if self._stop_signal is not None:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            log.warning("%s received: stopping after the current loop.", signal.Signals(signum).name)
+
+        previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for signum, old in previous.items():
+                signal.signal(signum, old)
+
+
+def _format(metrics: dict) -> str:
+    return " | ".join(f"{name.replace('_', ' ')} {value:,.0f}" if name == "examples_per_second" else
+                      f"{name} {value:.4f}" for name, value in metrics.items())

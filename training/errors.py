@@ -1,0 +1,31 @@
+"""Error types that carry the process exit code of the contract (shared/notes/contract.md).
+
+`train.py` maps each one to its exit code; everything else is a bug and exits 1 with a traceback.
+"""
+
+EXIT_OK = 0
+EXIT_CONFIG_ERROR = 2
+EXIT_INTERRUPTED = 3
+EXIT_NON_FINITE_LOSS = 4
+EXIT_PREFLIGHT_FAILED = 5
+
+
+class ConfigError(ValueError):
+    """Bad input or configuration, detected before any training step (exit code 2).
+
+    The message must name the bad value, say what was expected and how to fix it.
+    """
+
+    exit_code = EXIT_CONFIG_ERROR
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite (exit code 4); no checkpoint was written for that loop."""
+
+    exit_code = EXIT_NON_FINITE_LOSS
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGTERM or SIGINT arrived; a checkpoint at the last completed loop was saved (exit code 3)."""
+
+    exit_code = EXIT_INTERRUPTED

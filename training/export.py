@@ -1,0 +1,32 @@
+"""SavedModel export with a `serving_default` signature that takes raw images, as the dataset stores them.
+
+The signature applies the dataset's own preprocessing (`DatasetSpec.preprocess`), so a client sends what it has
+(uint8 pixels) and gets logits, probabilities and the predicted class. Reload with `tf.saved_model.load(path)` and
+call `.signatures['serving_default'](images=...)`; `keras.models.load_model` does not read SavedModel folders.
+"""
+
+import keras
+import tensorflow as tf
+
+from data.registry import DatasetSpec
+
+
+class _ServingModule(tf.Module):
+    def __init__(self, model: keras.Model, spec: DatasetSpec):
+        super().__init__()
+        self.model = model
+        self._spec = spec
+
+    def serve(self, images):
+        logits = tf.cast(self.model(self._spec.preprocess(images), training=False), tf.float32)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits),
+                "classes": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+
+
+def export_saved_model(model: keras.Model, spec: DatasetSpec, export_dir: str) -> str:
+    """Writes the SavedModel to `export_dir` (local or gs://) and returns it."""
+    module = _ServingModule(model, spec)
+    signature = tf.function(module.serve, input_signature=[
+        tf.TensorSpec([None, *spec.image_shape], tf.uint8, name="images")])
+    tf.saved_model.save(module, export_dir, signatures={"serving_default": signature})
+    return export_dir

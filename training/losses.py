@@ -1,0 +1,34 @@
+"""Per-example losses by name (`ExperimentConfig.loss`).
+
+A loss function maps (labels [B], logits [B, C]) to per-example losses [B] and never averages: the training step
+divides by the *global* batch in one place (training/step.py). Returning a scalar is rejected when the step is
+traced, because a per-replica mean is the silent factor-of-R bug.
+"""
+
+import gin
+import keras
+import tensorflow as tf
+
+from training.errors import ConfigError
+
+
+@gin.configurable
+def softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, *, label_smoothing: float = 0.0) -> tf.Tensor:
+    """Cross-entropy of integer labels against logits, per example (float32)."""
+    logits = tf.cast(logits, tf.float32)
+    if label_smoothing:
+        one_hot = tf.one_hot(labels, tf.shape(logits)[-1])
+        return keras.losses.categorical_crossentropy(one_hot, logits, from_logits=True,
+                                                     label_smoothing=label_smoothing)
+    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+LOSSES = {"softmax_cross_entropy": softmax_cross_entropy}
+
+
+def get_loss(name: str):
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ConfigError(f"Unknown loss {name!r}. Known losses: {', '.join(sorted(LOSSES))}. Register a new one "
+                          "in training/losses.py.") from None

@@ -1,0 +1,83 @@
+"""Trainer: the model, optimizer, metrics, data and compiled loops of one run, built under one strategy.
+
+It knows how to run N training steps and one exact evaluation; it does not decide when (training/controller.py
+does). The replica-invariance check (training/replica_invariance.py) builds Trainers at several replica counts.
+"""
+
+import keras
+import tensorflow as tf
+
+from data import pipeline
+from data.registry import get_dataset_spec
+from models.registry import get_model_builder
+from tpu_utils import loop
+from training import step
+from training.config import ExperimentConfig
+from training.errors import ConfigError
+from training.losses import get_loss
+from training.optimizers import make_optimizer
+
+
+class Trainer:
+    """Builds everything for `config` under `strategy`; `model_options` override the model builder's arguments."""
+
+    def __init__(self, config: ExperimentConfig, strategy: tf.distribute.Strategy, *, model_options: dict | None = None):
+        self.config = config
+        self.strategy = strategy
+        config.check_replicas(strategy.num_replicas_in_sync)
+        if config.precision == "mixed_float16":
+            raise ConfigError("PRECISION='mixed_float16' needs loss scaling that agrees across replicas, which this "
+                              "template does not implement yet. Use 'mixed_bfloat16' (TPUs, recent GPUs) or "
+                              "'float32'.")
+        self.dataset_spec = get_dataset_spec(config.dataset)
+        model_builder = get_model_builder(config.model)
+        loss_fn = get_loss(config.loss)
+        self.data = pipeline.load_builder(self.dataset_spec, config.data_dir)
+
+        keras.mixed_precision.set_dtype_policy(config.precision)
+        keras.utils.set_random_seed(config.seed)  # Same SEED -> same initial weights and data order.
+        with strategy.scope():
+            self.model = model_builder(self.dataset_spec.image_shape, self.dataset_spec.num_classes,
+                                       **(model_options or {}))
+            self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
+                                            schedule=config.lr_schedule, train_steps=config.train_steps)
+            self.optimizer.build(self.model.trainable_variables)  # Before tracing and before restoring.
+            self.train_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
+            self.eval_loss = keras.metrics.Mean("loss")
+            self.eval_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
+
+        train_step = step.make_train_step(self.model, self.optimizer, loss_fn,
+                                          global_batch_size=config.global_batch_size,
+                                          clip_global_norm=config.clip_global_norm, accuracy=self.train_accuracy)
+        eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, accuracy=self.eval_accuracy)
+        self._train_loop = loop.make_train_loop(strategy, train_step)
+        self._eval_loop = loop.make_eval_loop(strategy, eval_step)
+        self._eval_steps = pipeline.eval_steps(self.data, self.dataset_spec, config.global_eval_batch_size)
+        self._eval_dataset = strategy.distribute_datasets_from_function(
+            pipeline.make_eval_input_fn(self.dataset_spec, self.data, global_batch_size=config.global_eval_batch_size))
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken so far (the global step; saved in every checkpoint)."""
+        return int(self.optimizer.iterations.numpy())
+
+    def train_iterator(self):
+        """A distributed iterator over the training data, positioned at the current step (exact resume)."""
+        input_fn = pipeline.make_train_input_fn(self.dataset_spec, self.data,
+                                                global_batch_size=self.config.global_batch_size,
+                                                seed=self.config.seed, start_step=self.step)
+        return iter(self.strategy.distribute_datasets_from_function(input_fn))
+
+    def train(self, iterator, num_steps: int) -> dict:
+        """Runs `num_steps` steps on the device; returns {'loss': mean global loss, 'accuracy': ...} over them."""
+        self.train_accuracy.reset_state()
+        loss = self._train_loop(iterator, tf.constant(num_steps, tf.int32))
+        return {"loss": float(loss.numpy()), "accuracy": float(self.train_accuracy.result().numpy())}
+
+    def evaluate(self) -> dict:
+        """Loss and accuracy over every example of the eval split, exactly once."""
+        self.eval_loss.reset_state()
+        self.eval_accuracy.reset_state()
+        self._eval_loop(iter(self._eval_dataset), tf.constant(self._eval_steps, tf.int32))
+        return {"loss": float(self.eval_loss.result().numpy()), "accuracy": float(self.eval_accuracy.result().numpy())}
