@@ -1,0 +1,89 @@
+"""Test-wide set-up: loopback-only network, 8 virtual CPU devices, a private TFDS data_dir, clean gin state.
+
+- Nothing leaves the machine: GCE_METADATA_HOST/GCE_METADATA_IP point at a loopback stub (tests/metadata_stub.py)
+  and NO_GCE_CHECK=true, in this process and (through the environment) in every subprocess a test starts.
+- Replicas on a CPU: the CPU is split into 8 logical devices before TensorFlow initialises, so MirroredStrategy
+  can run 1-8 replicas in this process (training/replica_invariance.py uses ReductionToOneDevice for that).
+- TFDS_DATA_DIR points at a per-session folder: tests build the bundled digits dataset there and never touch
+  ~/tensorflow_datasets or the network.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VIRTUAL_CPUS = 8
+_SESSION_DIR = tempfile.mkdtemp(prefix="template-tests-")
+_stub_process = None
+
+
+def _start_metadata_stub() -> str:
+    global _stub_process
+    port_file = os.path.join(_SESSION_DIR, "metadata_port")
+    _stub_process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "tests", "metadata_stub.py"), port_file])
+    deadline = time.monotonic() + 20
+    while not (os.path.exists(port_file) and open(port_file).read()):
+        if time.monotonic() > deadline or _stub_process.poll() is not None:
+            raise RuntimeError("the loopback metadata stub did not start")
+        time.sleep(0.05)
+    return f"127.0.0.1:{open(port_file).read()}"
+
+
+def pytest_configure(config):
+    metadata = _start_metadata_stub()
+    os.environ.update({
+        "GCE_METADATA_HOST": metadata, "GCE_METADATA_IP": metadata, "GCE_METADATA_ROOT": metadata,
+        "NO_GCE_CHECK": "true", "no_proxy": "127.0.0.1,localhost",
+        "TFDS_DATA_DIR": os.path.join(_SESSION_DIR, "tensorflow_datasets"),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    })
+    sys.path.insert(0, REPO_ROOT)
+    from tpu_utils.strategy import configure_virtual_cpus
+
+    configure_virtual_cpus(VIRTUAL_CPUS)
+
+
+def pytest_unconfigure(config):
+    if _stub_process is not None:
+        _stub_process.terminate()
+        _stub_process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> str:
+    """TFDS data_dir holding the bundled digits dataset (built once per session)."""
+    from data import pipeline
+    from data.registry import get_dataset_spec
+
+    pipeline.load_builder(get_dataset_spec("digits"), os.environ["TFDS_DATA_DIR"])
+    return os.environ["TFDS_DATA_DIR"]
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture
+def small_config(data_dir):
+    """Factory of a tiny digits ExperimentConfig; keyword arguments override its fields."""
+    from training.config import ExperimentConfig
+
+    def make(**overrides):
+        fields = dict(model="mlp", dataset="digits", data_dir=data_dir, global_batch_size=48, train_steps=40,
+                      steps_per_loop=5, checkpoint_every=0, eval_every=0, learning_rate=0.1, optimizer="sgd",
+                      strategy="default")
+        fields.update(overrides)
+        return ExperimentConfig(**fields)
+
+    return make
