@@ -50,7 +50,7 @@ class Trainer:
                                           global_batch_size=config.global_batch_size,
                                           clip_global_norm=config.clip_global_norm, accuracy=self.train_accuracy)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, accuracy=self.eval_accuracy)
-        self._train_loop = loop.make_train_loop(strategy, train_step)
+        self._train_loop = loop.make_train_loop(strategy, train_step, self.model.non_trainable_variables)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
         self._eval_steps = pipeline.eval_steps(self.data, self.dataset_spec, config.global_eval_batch_size)
         self._eval_dataset = strategy.distribute_datasets_from_function(

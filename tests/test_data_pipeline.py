@@ -1,0 +1,58 @@
+"""Training data order is a pure function of (SEED, step), whatever the replica or host count."""
+
+import numpy as np
+import tensorflow as tf
+
+from data import pipeline
+from data.registry import get_dataset_spec
+
+GLOBAL_BATCH = 24
+
+
+def _batches(data_dir, *, seed=0, start_step=0, pipelines=1, steps=5):
+    """First `steps` global batches, as lists of per-pipeline label/image arrays concatenated in pipeline order."""
+    spec = get_dataset_spec("digits")
+    builder = pipeline.load_builder(spec, data_dir)
+    input_fn = pipeline.make_train_input_fn(spec, builder, global_batch_size=GLOBAL_BATCH, seed=seed,
+                                            start_step=start_step)
+    per_pipeline = []
+    for pipeline_id in range(pipelines):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
+                                             num_replicas_in_sync=pipelines)
+        per_pipeline.append([(images.numpy(), labels.numpy()) for images, labels in input_fn(context).take(steps)])
+    return per_pipeline
+
+
+def _as_sets(images):
+    return sorted(image.tobytes() for image in images)
+
+
+def test_resumed_pipeline_continues_exactly(data_dir):
+    full = _batches(data_dir, steps=80)[0]  # 80 x 24 > 1,437: crosses an epoch boundary.
+    resumed = _batches(data_dir, start_step=70, steps=10)[0]
+    for (images_a, labels_a), (images_b, labels_b) in zip(full[70:], resumed):
+        np.testing.assert_array_equal(images_a, images_b)
+        np.testing.assert_array_equal(labels_a, labels_b)
+
+
+def test_each_epoch_is_a_permutation_and_epochs_differ(data_dir):
+    batches = _batches(data_dir, steps=120)[0]
+    labels = np.concatenate([labels for _, labels in batches])
+    epoch_0, epoch_1 = labels[:1437], labels[1437:2874]
+    assert np.bincount(epoch_0).tolist() == np.bincount(epoch_1).tolist()  # Same examples ...
+    assert not np.array_equal(epoch_0, epoch_1)  # ... in another order.
+
+
+def test_global_batch_is_the_same_examples_for_any_pipeline_count(data_dir):
+    one = _batches(data_dir, pipelines=1)[0]
+    three = _batches(data_dir, pipelines=3)
+    for step in range(5):
+        split = np.concatenate([three[pipeline_id][step][0] for pipeline_id in range(3)])
+        assert split.shape[0] == GLOBAL_BATCH
+        assert _as_sets(split) == _as_sets(one[step][0])
+
+
+def test_seed_changes_the_order(data_dir):
+    a = _batches(data_dir, seed=0)[0][0][1]
+    b = _batches(data_dir, seed=1)[0][0][1]
+    assert not np.array_equal(a, b)

@@ -1,0 +1,80 @@
+"""Evaluation is exact: every example of the eval split once, padding masked out, for any replica count.
+
+The digits test split has 360 examples; an eval batch of 48 leaves a last batch of 24 real + 24 padded examples.
+The template's metrics must equal a plain NumPy computation over the whole split: the loss to 1e-4 relative (float32
+logits of the same model differ by ~1e-6 between batch shapes), the accuracy as an exact count.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from tpu_utils.strategy import make_strategy
+from training.trainer import Trainer
+
+EVAL_BATCH = 48
+
+
+TIE_MARGIN = 1e-4  # Logits this close to the top one may win the argmax in another batch size (float32 rounding).
+
+
+def _numpy_metrics(trainer: Trainer, chunk: int) -> dict:
+    """Loss and correct counts over the whole eval split, from the model's logits in chunks of `chunk` images."""
+    spec = trainer.dataset_spec
+    examples = tfds.as_numpy(trainer.data.as_dataset(split=spec.eval_split, batch_size=-1))
+    assert examples["label"].shape[0] % EVAL_BATCH != 0, "the split must not be a multiple of the batch"
+    images = spec.preprocess(examples["image"])
+    logits = np.concatenate([trainer.model(images[start:start + chunk], training=False).numpy()
+                             for start in range(0, len(images), chunk)]).astype(np.float64)
+    logits -= logits.max(axis=1, keepdims=True)
+    log_probabilities = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    labels = examples["label"]
+    label_logits = logits[np.arange(len(labels)), labels]
+    others = logits.copy()
+    others[np.arange(len(labels)), labels] = -np.inf
+    best_other = others.max(axis=1)
+    losses = -log_probabilities[np.arange(len(labels)), labels]
+    return {"loss": float(losses.mean()), "loss_std": float(losses.std()),
+            "surely_correct": int((label_logits > best_other + TIE_MARGIN).sum()),
+            "possibly_correct": int((label_logits >= best_other - TIE_MARGIN).sum()), "count": len(labels)}
+
+
+@pytest.mark.parametrize("replicas", [1, 3, 8])
+def test_eval_metrics_equal_numpy_over_the_whole_split(small_config, replicas):
+    config = small_config(model="cnn", strategy="mirrored", virtual_devices=replicas, eval_batch_size=EVAL_BATCH,
+                          global_batch_size=48)
+    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
+    trainer.train(trainer.train_iterator(), 40)  # A partly trained model: per-example losses spread out.
+    evaluation = trainer.evaluate()
+    expected = _numpy_metrics(trainer, chunk=EVAL_BATCH // replicas)
+    assert 0.5 * expected["count"] < expected["surely_correct"] < expected["count"]
+    # Sensitivity: one example missing or counted twice moves the mean loss by about std / N, well above 1e-4.
+    assert expected["loss_std"] / expected["count"] > 5 * 1e-4 * expected["loss"]
+    assert evaluation["loss"] == pytest.approx(expected["loss"], rel=1e-4)
+    # Accuracy is a count over exactly 360 examples: an integer, between the sure and the near-tie NumPy counts
+    # (a dropped, duplicated or unmasked padding example would move it by at least one).
+    correct = evaluation["accuracy"] * expected["count"]
+    assert correct == pytest.approx(round(correct), abs=1e-3)
+    assert expected["surely_correct"] <= round(correct) <= expected["possibly_correct"]
+    assert expected["possibly_correct"] - expected["surely_correct"] <= 2
+
+
+def test_eval_input_covers_each_example_once_and_masks_padding(small_config):
+    """The eval dataset for 3 pipelines x 1 replica holds the split once plus masked zero padding."""
+    from data import pipeline
+
+    trainer = Trainer(small_config(eval_batch_size=EVAL_BATCH, global_batch_size=48), make_strategy("default"))
+    input_fn = pipeline.make_eval_input_fn(trainer.dataset_spec, trainer.data, global_batch_size=EVAL_BATCH)
+    seen_labels, masks = [], []
+    for pipeline_id in range(3):
+        context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=pipeline_id,
+                                             num_replicas_in_sync=3)
+        for images, labels, mask in input_fn(context):
+            assert images.shape == (16, 8, 8, 1)  # Static per-replica shape, every batch.
+            seen_labels.append(labels.numpy()[mask.numpy() == 1])
+            masks.append(mask.numpy())
+    all_masks = np.concatenate(masks)
+    assert all_masks.sum() == 360 and all_masks.size == 384
+    expected = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=-1))["label"]
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen_labels)), np.sort(expected))
