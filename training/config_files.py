@@ -13,6 +13,8 @@ from training.errors import ConfigError
 
 # Modules whose @gin.configurable functions a config may bind.
 CONFIGURABLE_MODULES = ("training.experiment", "training.losses", "training.optimizers", "models.registry")
+# Macros without a default in configs/base.gin: each experiment must set them.
+REQUIRED_MACROS = ("MODEL", "DATASET", "GLOBAL_BATCH_SIZE", "TRAIN_STEPS", "LEARNING_RATE")
 
 
 def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> None:
@@ -20,8 +22,12 @@ def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> N
     for module in CONFIGURABLE_MODULES:
         importlib.import_module(module)
     gin.clear_config()
-    if search_path not in gin.config._LOCATION_PREFIXES:  # Makes `include 'configs/base.gin'` work from any cwd.
-        gin.add_config_file_search_path(search_path)
+    # `include 'configs/base.gin'` must work from any working directory. The repository root goes first in gin's
+    # search list: after the cwd, gin's package-resource reader would take 'configs' for a (namespace) package and
+    # fail. gin 0.5.0 (pinned, unchanged since 2021) only has an append API, hence the list edit.
+    if search_path in gin.config._LOCATION_PREFIXES:
+        gin.config._LOCATION_PREFIXES.remove(search_path)
+    gin.config._LOCATION_PREFIXES.insert(0, search_path)
     for path in gin_files:
         if not os.path.isfile(path) and not os.path.isfile(os.path.join(search_path, path)):
             raise ConfigError(f"--gin_file={path!r} does not exist (relative paths are tried from the current "
@@ -29,9 +35,26 @@ def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> N
                               "configs/experiments/digits_mlp.gin.")
     try:
         gin.parse_config_files_and_bindings(
-            [path if os.path.isfile(path) else os.path.join(search_path, path) for path in gin_files], gin_params)
+            [path if os.path.isfile(path) else os.path.join(search_path, path) for path in gin_files], gin_params,
+            finalize_config=False)
+        missing = [name for name in REQUIRED_MACROS if not _is_bound(name)]
+        if missing:
+            raise ConfigError(f"The configuration {gin_files} does not set {', '.join(missing)}. Every experiment "
+                              f"sets {', '.join(REQUIRED_MACROS)} (see configs/experiments/digits_mlp.gin), or pass "
+                              f"them with --gin_param=\"{missing[0]}=...\".")
+        gin.finalize()
+    except ConfigError:
+        raise
     except (ValueError, IOError, SyntaxError, KeyError) as error:
         raise ConfigError(f"Could not parse the gin configuration {gin_files} + {gin_params}: {error}") from error
+
+
+def _is_bound(name: str) -> bool:
+    try:
+        macro(name)
+    except ValueError:
+        return False
+    return True
 
 
 def macro(name: str):

@@ -39,7 +39,7 @@ class Controller:
         latest = self.manager.latest_checkpoint
         self.run_dir.check_identity(self.config.identity(), has_checkpoint=latest is not None)
         if latest:
-            self.trainer.checkpoint.restore(latest).assert_existing_objects_matched()
+            self.trainer.restore(latest)
             log.info("Resumed from %s at step %d.", latest, self.trainer.step)
         return self.trainer.step
 

@@ -57,6 +57,16 @@ class Trainer:
             pipeline.make_eval_input_fn(self.dataset_spec, self.data, global_batch_size=config.global_eval_batch_size))
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
 
+    def restore(self, checkpoint_path: str) -> None:
+        """Restores model, optimizer and step from `checkpoint_path`, keeping the configured learning rate.
+
+        Keras 3 keeps a constant learning rate in an optimizer variable, which the checkpoint would otherwise
+        overwrite: a resumed run with a new LEARNING_RATE would silently keep the old one. Schedules are not saved.
+        """
+        self.checkpoint.restore(checkpoint_path).assert_existing_objects_matched()
+        if self.config.lr_schedule == "constant":
+            self.optimizer.learning_rate = self.config.learning_rate
+
     @property
     def step(self) -> int:
         """Optimizer steps taken so far (the global step; saved in every checkpoint)."""
