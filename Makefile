@@ -1,0 +1,22 @@
+# Shortcuts for the commands in README.md. `make help` lists them.
+PYTHON ?= .venv/bin/python
+
+.PHONY: help install train test test-fast check-invariance
+
+help:  ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+install:  ## Create .venv with the CPU and test requirements.
+	python3 -m venv .venv && .venv/bin/pip install -r requirements-dev.txt
+
+train:  ## Train the default (offline digits) experiment.
+	$(PYTHON) train.py
+
+test:  ## The whole test suite (what CI runs).
+	$(PYTHON) -m pytest
+
+test-fast:  ## Everything but the tests marked slow.
+	$(PYTHON) -m pytest -m "not slow"
+
+check-invariance:  ## Replica-invariance check of the default config at 1, 2, 4 and 8 replicas.
+	$(PYTHON) -m training.replica_invariance --gin_file=configs/default.gin
