@@ -14,10 +14,12 @@ linear in their updates, so this equals the moving average of the replica-averag
 import tensorflow as tf
 
 
-def make_train_loop(strategy: tf.distribute.Strategy, replica_step, replica_local_variables=()):
+def make_train_loop(strategy: tf.distribute.Strategy, replica_step, step_counter: tf.Variable,
+                    replica_local_variables=()):
     """Returns loop(iterator, num_steps) -> mean over the steps of the global loss (a float32 scalar).
 
     `replica_step` returns each replica's share of the global loss; their SUM is the global loss.
+    `step_counter` (int64) counts the global batches consumed, skipped loss-scaling steps included.
     `replica_local_variables` (e.g. `model.non_trainable_variables`) are averaged over replicas after the steps.
     """
     variables = [getattr(variable, "value", variable) for variable in replica_local_variables]
@@ -29,6 +31,7 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step, replica_loca
             per_replica_loss = strategy.run(replica_step, args=(next(iterator),))
             total += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None), tf.float32)
         average_replica_copies(strategy, variables)
+        step_counter.assign_add(tf.cast(num_steps, tf.int64))
         return total / tf.cast(num_steps, tf.float32)
 
     return train_loop

@@ -31,7 +31,7 @@ class Controller:
         self.config = trainer.config
         self.manager = tf.train.CheckpointManager(trainer.checkpoint, run_dir.checkpoint_dir,
                                                   max_to_keep=self.config.checkpoints_to_keep,
-                                                  step_counter=trainer.optimizer.iterations)
+                                                  step_counter=trainer.global_step)
         self._stop_signal = None
 
     def restore(self) -> int:
@@ -110,9 +110,10 @@ class Controller:
         seconds = time.perf_counter() - started
         step = trainer.step
         if not math.isfinite(metrics["loss"]):
-            raise NonFiniteLossError(f"Loss became {metrics['loss']} between steps {step - num_steps} and {step}. "
-                                     f"Nothing was saved after step {self.manager.latest_checkpoint or 0}: that "
-                                     "checkpoint is the last good one. Lower LEARNING_RATE or set clip_global_norm.")
+            raise NonFiniteLossError(f"Loss became {metrics['loss']} between steps {step - num_steps} and {step}; "
+                                     "nothing was saved since. The newest checkpoint on disk "
+                                     f"({self.manager.latest_checkpoint or 'none yet'}) is the last good one. Lower "
+                                     "LEARNING_RATE or set experiment.clip_global_norm, then rerun to resume from it.")
         metrics["examples_per_second"] = num_steps * config.global_batch_size / seconds
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
         log.info("step %*d/%d | %s | lr %.4g", len(str(config.train_steps)), step, config.train_steps,

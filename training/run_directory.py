@@ -11,7 +11,6 @@
 """
 
 import json
-import posixpath
 
 import tensorflow as tf
 
@@ -26,8 +25,7 @@ class RunDirectory:
         self.is_chief = is_chief
 
     def path(self, *parts: str) -> str:
-        return posixpath.join(self.model_dir, *parts) if "://" in self.model_dir else \
-            tf.io.gfile.join(self.model_dir, *parts)
+        return tf.io.gfile.join(self.model_dir, *parts)  # Also right for gs:// URLs.
 
     @property
     def checkpoint_dir(self) -> str:

@@ -10,6 +10,12 @@ Loss scaling, in one place:
   sum, as Keras' clipnorm does, clips each replica's share and is wrong), then applied. Keras' own implicit
   all-reduce in `apply_gradients` is switched off (`disable_implicit_gradient_sum`) so the wire carries them once;
 - metrics are updated per replica and aggregate correctly on read: they are not rescaled.
+
+mixed_float16 (dynamic loss scaling with keras.optimizers.LossScaleOptimizer): the gradients of the scaled loss are
+summed across replicas before the optimizer checks them for inf/NaN, so an overflow on any replica makes the sum
+non-finite on every replica and all of them skip the step together. (Keras alone checks each replica's own
+gradients, and applies an overflow that happened on another replica.) Clipping the scaled sum at
+clip_global_norm * scale is clipping the unscaled gradients at clip_global_norm.
 """
 
 import keras
@@ -36,6 +42,8 @@ def disable_implicit_gradient_sum(optimizer: keras.optimizers.Optimizer) -> None
     `_all_reduce_sum_gradients`). The step sums them itself, so it can clip the sum; summing twice would make the
     update R times too large (the replica-invariance tests fail loudly if this override ever stops taking effect).
     """
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer  # The one whose apply_gradients does the update (and the all-reduce).
     if not hasattr(type(optimizer), "_all_reduce_sum_gradients"):
         raise RuntimeError(f"Keras {keras.__version__}: {type(optimizer).__name__} has no _all_reduce_sum_gradients; "
                            "the pinned Keras version is required (requirements-common.txt).")
@@ -58,6 +66,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
                     clip_global_norm: float | None, accuracy: keras.metrics.Metric):
     """Returns train_step((images, labels)) -> this replica's share of the global loss, for `strategy.run`."""
     disable_implicit_gradient_sum(optimizer)
+    loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def train_step(batch):
         images, labels = batch
@@ -68,11 +77,13 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
             loss = average_over_global_batch(per_example_loss, global_batch_size)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled_loss = optimizer.scale_loss(loss) if loss_scaling else loss
         variables = model.trainable_variables
-        gradients = sum_across_replicas(tape.gradient(loss, variables))
+        gradients = sum_across_replicas(tape.gradient(scaled_loss, variables))
         if clip_global_norm:
-            gradients, _ = tf.clip_by_global_norm(gradients, clip_global_norm)
-        optimizer.apply_gradients(zip(gradients, variables))
+            clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
+            gradients, _ = tf.clip_by_global_norm(gradients, clip_norm)
+        optimizer.apply_gradients(zip(gradients, variables))  # With loss scaling: unscales, skips if non-finite.
         accuracy.update_state(labels, logits)
         return loss
 

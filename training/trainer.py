@@ -13,7 +13,6 @@ from models.registry import get_model_builder
 from tpu_utils import loop
 from training import step
 from training.config import ExperimentConfig
-from training.errors import ConfigError
 from training.losses import get_loss
 from training.optimizers import make_optimizer
 
@@ -25,10 +24,6 @@ class Trainer:
         self.config = config
         self.strategy = strategy
         config.check_replicas(strategy.num_replicas_in_sync)
-        if config.precision == "mixed_float16":
-            raise ConfigError("PRECISION='mixed_float16' needs loss scaling that agrees across replicas, which this "
-                              "template does not implement yet. Use 'mixed_bfloat16' (TPUs, recent GPUs) or "
-                              "'float32'.")
         self.dataset_spec = get_dataset_spec(config.dataset)
         model_builder = get_model_builder(config.model)
         loss_fn = get_loss(config.loss)
@@ -41,7 +36,13 @@ class Trainer:
                                        **(model_options or {}))
             self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
                                             schedule=config.lr_schedule, train_steps=config.train_steps)
+            if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
+                self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             self.optimizer.build(self.model.trainable_variables)  # Before tracing and before restoring.
+            # Global batches consumed: positions the data on resume. Not optimizer.iterations, which does not
+            # count a step that loss scaling skipped.
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
             self.train_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
             self.eval_loss = keras.metrics.Mean("loss")
             self.eval_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
@@ -50,12 +51,13 @@ class Trainer:
                                           global_batch_size=config.global_batch_size,
                                           clip_global_norm=config.clip_global_norm, accuracy=self.train_accuracy)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, accuracy=self.eval_accuracy)
-        self._train_loop = loop.make_train_loop(strategy, train_step, self.model.non_trainable_variables)
+        self._train_loop = loop.make_train_loop(strategy, train_step, self.global_step,
+                                                self.model.non_trainable_variables)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
         self._eval_steps = pipeline.eval_steps(self.data, self.dataset_spec, config.global_eval_batch_size)
         self._eval_dataset = strategy.distribute_datasets_from_function(
             pipeline.make_eval_input_fn(self.dataset_spec, self.data, global_batch_size=config.global_eval_batch_size))
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
 
     def restore(self, checkpoint_path: str) -> None:
         """Restores model, optimizer and step from `checkpoint_path`, keeping the configured learning rate.
@@ -69,8 +71,8 @@ class Trainer:
 
     @property
     def step(self) -> int:
-        """Optimizer steps taken so far (the global step; saved in every checkpoint)."""
-        return int(self.optimizer.iterations.numpy())
+        """Training steps run so far, i.e. global batches consumed (saved in every checkpoint)."""
+        return int(self.global_step.numpy())
 
     def train_iterator(self):
         """A distributed iterator over the training data, positioned at the current step (exact resume)."""
