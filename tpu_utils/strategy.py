@@ -89,10 +89,9 @@ def configure_virtual_cpus(count: int) -> None:
 
 def _multi_worker_mirrored(*, virtual_devices, tpu):
     del virtual_devices, tpu
-    if not os.environ.get("TF_CONFIG"):
-        raise ConfigError("STRATEGY='multi_worker_mirrored' needs the TF_CONFIG environment variable (the cluster "
-                          "and this worker's task), set on every worker before it starts; or set STRATEGY='mirrored' "
-                          "for one machine.")
+    from tpu_utils.tf_config import parse_tf_config
+
+    parse_tf_config(os.environ.get("TF_CONFIG"))  # A clear error now rather than a hang in the constructor.
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
