@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         logging.getLogger(package).setLevel(logging.INFO)
 
     from training import config_files
-    from training.errors import ConfigError
+    from training.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
 
     gin_files = args.gin_file or [DEFAULT_GIN_FILE]
     model_dir = args.model_dir or os.path.join("runs", experiment_name(gin_files))
@@ -53,24 +53,16 @@ def main(argv: list[str]) -> int:
         from training import experiment
 
         print(f"model_dir: {model_dir}", flush=True)
-        result = experiment.run(model_dir=model_dir, mode=args.mode, argv=[shlex.join(argv)])
-    except (ConfigError, KeyboardInterrupt, RuntimeError) as error:
-        return _report(error)
+        result = experiment.run(model_dir=model_dir, mode=args.mode, command=shlex.join(argv))
+    except (ConfigError, NonFiniteLossError, TrainingInterrupted) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("error: stopped by a second interrupt, without a checkpoint of the current loop.", file=sys.stderr,
+              flush=True)
+        return TrainingInterrupted.exit_code
     print(f"final: {result}", flush=True)
     return 0
-
-
-def _report(error: BaseException) -> int:
-    """Prints a one-paragraph error (no traceback for user errors) and returns the contract's exit code."""
-    from training.errors import TrainingInterrupted
-
-    if isinstance(error, KeyboardInterrupt):
-        error = TrainingInterrupted("Stopped by a second interrupt, without a checkpoint of the current loop.")
-    code = getattr(error, "exit_code", None)
-    if code is None:
-        raise error
-    print(f"error: {error}", file=sys.stderr, flush=True)
-    return code
 
 
 if __name__ == "__main__":

@@ -86,18 +86,15 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
     return input_fn
 
 
-def eval_steps(builder: tfds.core.DatasetBuilder, spec: DatasetSpec, global_batch_size: int) -> int:
-    """Number of global batches that cover the eval split once (the last one padded)."""
-    return math.ceil(split_size(builder, spec.eval_split) / global_batch_size)
-
-
 def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int):
-    """Returns input_fn(InputContext) -> dataset of (image, label, mask) per-replica batches covering the split once.
+    """Returns (input_fn, num_steps): input_fn(InputContext) -> dataset of (image, label, mask) per-replica batches
+    that covers the eval split once in `num_steps` global batches, the last one padded.
 
     mask is 1.0 for real examples and 0.0 for padding; every metric must weight by it.
     """
     num_examples = split_size(builder, spec.eval_split)
-    padded_size = eval_steps(builder, spec, global_batch_size) * global_batch_size
+    num_steps = math.ceil(num_examples / global_batch_size)
+    padded_size = num_steps * global_batch_size
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         def decode(example):
@@ -116,7 +113,7 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
                 .batch(per_replica, drop_remainder=True)
                 .prefetch(tf.data.AUTOTUNE))
 
-    return input_fn
+    return input_fn, num_steps
 
 
 def _encoded_split(builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:

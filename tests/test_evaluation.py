@@ -65,7 +65,8 @@ def test_eval_input_covers_each_example_once_and_masks_padding(small_config):
     from data import pipeline
 
     trainer = Trainer(small_config(eval_batch_size=EVAL_BATCH, global_batch_size=48), make_strategy("default"))
-    input_fn = pipeline.make_eval_input_fn(trainer.dataset_spec, trainer.data, global_batch_size=EVAL_BATCH)
+    input_fn, num_steps = pipeline.make_eval_input_fn(trainer.dataset_spec, trainer.data, global_batch_size=EVAL_BATCH)
+    assert num_steps == 8  # ceil(360 / 48)
     seen_labels, masks = [], []
     for pipeline_id in range(3):
         context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=pipeline_id,

@@ -28,15 +28,9 @@ def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> N
     if search_path in gin.config._LOCATION_PREFIXES:
         gin.config._LOCATION_PREFIXES.remove(search_path)
     gin.config._LOCATION_PREFIXES.insert(0, search_path)
-    for path in gin_files:
-        if not os.path.isfile(path) and not os.path.isfile(os.path.join(search_path, path)):
-            raise ConfigError(f"--gin_file={path!r} does not exist (relative paths are tried from the current "
-                              f"directory and from {search_path}). Configs live under configs/, e.g. "
-                              "configs/experiments/digits_mlp.gin.")
+    resolved = [_resolve(path, search_path) for path in gin_files]
     try:
-        gin.parse_config_files_and_bindings(
-            [path if os.path.isfile(path) else os.path.join(search_path, path) for path in gin_files], gin_params,
-            finalize_config=False)
+        gin.parse_config_files_and_bindings(resolved, gin_params, finalize_config=False)
         missing = [name for name in REQUIRED_MACROS if not _is_bound(name)]
         if missing:
             raise ConfigError(f"The configuration {gin_files} does not set {', '.join(missing)}. Every experiment "
@@ -47,6 +41,15 @@ def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> N
         raise
     except (ValueError, IOError, SyntaxError, KeyError) as error:
         raise ConfigError(f"Could not parse the gin configuration {gin_files} + {gin_params}: {error}") from error
+
+
+def _resolve(path: str, search_path: str) -> str:
+    """`path` as given if it exists, else relative to `search_path`; a ConfigError if neither exists."""
+    for candidate in (path, os.path.join(search_path, path)):
+        if os.path.isfile(candidate):
+            return candidate
+    raise ConfigError(f"--gin_file={path!r} does not exist (relative paths are tried from the current directory and "
+                      f"from {search_path}). Configs live under configs/, e.g. configs/experiments/digits_mlp.gin.")
 
 
 def _is_bound(name: str) -> bool:

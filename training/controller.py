@@ -33,6 +33,21 @@ class Controller:
                                                   max_to_keep=self.config.checkpoints_to_keep,
                                                   step_counter=trainer.global_step)
         self._stop_signal = None
+        self._saved_step = None  # Step of the newest checkpoint this process wrote or restored.
+        self._writers = {}
+        self._train_metrics = {}  # Of the last training loop; metrics.json's "train" part.
+
+    def _writer(self, name: str):
+        """TensorBoard writer for model_dir/<name>, made once (one events file per run); a no-op off the chief."""
+        if name not in self._writers:
+            self._writers[name] = tf.summary.create_file_writer(self.run_dir.path(name)) if self.run_dir.is_chief \
+                else tf.summary.create_noop_writer()
+        return self._writers[name]
+
+    def _save(self, step: int) -> None:
+        if step != self._saved_step:
+            self.manager.save(checkpoint_number=step)
+            self._saved_step = step
 
     def restore(self) -> int:
         """Restores the latest checkpoint if there is one (after checking it belongs to this run); returns the step."""
@@ -40,6 +55,7 @@ class Controller:
         self.run_dir.check_identity(self.config.identity(), has_checkpoint=latest is not None)
         if latest:
             self.trainer.restore(latest)
+            self._saved_step = self.trainer.step
             log.info("Resumed from %s at step %d.", latest, self.trainer.step)
         return self.trainer.step
 
@@ -53,9 +69,6 @@ class Controller:
     def train_and_evaluate(self) -> dict:
         """Trains from the current step to TRAIN_STEPS; returns the final {'step', 'train', 'eval'} metrics."""
         config, trainer = self.config, self.trainer
-        train_writer = tf.summary.create_file_writer(self.run_dir.path("train")) if self.run_dir.is_chief else \
-            tf.summary.create_noop_writer()
-        train_metrics = {}
         if trainer.step >= config.train_steps:
             log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
                      config.train_steps)
@@ -63,37 +76,36 @@ class Controller:
             iterator = trainer.train_iterator()
             with self._catch_stop_signals():
                 while trainer.step < config.train_steps:
-                    train_metrics = self._run_one_loop(iterator, train_writer)
+                    self._run_one_loop(iterator)
                     step = trainer.step
                     if step == config.train_steps:
                         break
                     if config.eval_every and step % config.eval_every == 0:
-                        self.evaluate(train_metrics)
+                        self.evaluate()
                     if self._stop_signal is not None:
-                        self.manager.save(checkpoint_number=step)
+                        self._save(step)
                         raise TrainingInterrupted(f"Stopped by {signal.Signals(self._stop_signal).name} at step {step}; "
                                                   "checkpoint saved. Rerun the same command to resume.")
                     if config.checkpoint_every and step % config.checkpoint_every == 0:
-                        self.manager.save(checkpoint_number=step)
-        final = self.evaluate(train_metrics)
-        if self.manager.latest_checkpoint is None or not self.manager.latest_checkpoint.endswith(f"-{trainer.step}"):
-            self.manager.save(checkpoint_number=trainer.step)
+                        self._save(step)
+        final = self.evaluate()
+        self._save(trainer.step)
         self.export()
         return final
 
-    def evaluate(self, train_metrics: dict | None = None) -> dict:
+    def evaluate(self) -> dict:
         """Exact evaluation now; logs it, writes eval summaries and metrics.json."""
         started = time.perf_counter()
         evaluation = self.trainer.evaluate()
         step = self.trainer.step
         log.info("eval step %d | %s | %.1f s", step, _format(evaluation), time.perf_counter() - started)
-        if self.run_dir.is_chief:
-            with tf.summary.create_file_writer(self.run_dir.path("eval")).as_default(step=step):
-                for name, value in evaluation.items():
-                    tf.summary.scalar(name, value)
-        previous = self.run_dir.read_json("metrics.json") or {}
-        self.run_dir.write_metrics(step, train_metrics or previous.get("train", {}), evaluation)
-        return {"step": step, "train": train_metrics or previous.get("train", {}), "eval": evaluation}
+        with self._writer("eval").as_default(step=step):
+            for name, value in evaluation.items():
+                tf.summary.scalar(name, value)
+        if not self._train_metrics:  # --mode=eval, or nothing left to train: keep the recorded training figures.
+            self._train_metrics = (self.run_dir.read_json("metrics.json") or {}).get("train", {})
+        self.run_dir.write_metrics(step, self._train_metrics, evaluation)
+        return {"step": step, "train": self._train_metrics, "eval": evaluation}
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)
@@ -102,7 +114,7 @@ class Controller:
             log.info("Exported SavedModel to %s", path)
         return path
 
-    def _run_one_loop(self, iterator, writer) -> dict:
+    def _run_one_loop(self, iterator) -> None:
         config, trainer = self.config, self.trainer
         num_steps = min(config.steps_per_loop, config.train_steps - trainer.step)
         started = time.perf_counter()
@@ -118,11 +130,11 @@ class Controller:
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
         log.info("step %*d/%d | %s | lr %.4g", len(str(config.train_steps)), step, config.train_steps,
                  _format(metrics), learning_rate)
-        with writer.as_default(step=step):
+        with self._writer("train").as_default(step=step):
             for name, value in metrics.items():
                 tf.summary.scalar(name, value)
             tf.summary.scalar("learning_rate", learning_rate)
-        return {key: value for key, value in metrics.items() if key != "examples_per_second"}
+        self._train_metrics = {key: value for key, value in metrics.items() if key != "examples_per_second"}
 
     @contextlib.contextmanager
     def _catch_stop_signals(self):

@@ -17,11 +17,13 @@ from training.trainer import Trainer
 log = logging.getLogger(__name__)
 
 experiment = gin.external_configurable(ExperimentConfig, name="experiment")
-MODES = ("train", "eval", "export")
 
 
-def run(*, model_dir: str, mode: str = "train", argv: list[str] | None = None) -> dict:
-    """Builds the configured experiment and runs `mode` ('train', 'eval' or 'export'); returns its metrics."""
+def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
+    """Builds the configured experiment and runs `mode` ('train', 'eval' or 'export'); returns its metrics.
+
+    `command` (the exact command line) is recorded in model_dir/command.txt.
+    """
     config = experiment()  # All fields come from gin (configs/base.gin binds them to the contract's macros).
     strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices, tpu=config.tpu)
     log.info("Strategy %s with %d replica(s); model_dir %s", type(strategy).__name__, strategy.num_replicas_in_sync,
@@ -31,7 +33,7 @@ def run(*, model_dir: str, mode: str = "train", argv: list[str] | None = None) -
     controller = Controller(trainer, run_dir)
     if mode == "train":
         controller.restore()
-        run_dir.write_text("command.txt", " ".join(argv or []) + "\n")
+        run_dir.write_text("command.txt", command + "\n")
         run_dir.write_text("operative_config.gin", gin.operative_config_str())
         return controller.train_and_evaluate()
     controller.restore_for_inference()

@@ -54,9 +54,9 @@ class Trainer:
         self._train_loop = loop.make_train_loop(strategy, train_step, self.global_step,
                                                 self.model.non_trainable_variables)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
-        self._eval_steps = pipeline.eval_steps(self.data, self.dataset_spec, config.global_eval_batch_size)
-        self._eval_dataset = strategy.distribute_datasets_from_function(
-            pipeline.make_eval_input_fn(self.dataset_spec, self.data, global_batch_size=config.global_eval_batch_size))
+        eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(self.dataset_spec, self.data,
+                                                                      global_batch_size=config.global_eval_batch_size)
+        self._eval_dataset = strategy.distribute_datasets_from_function(eval_input_fn)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
 
     def restore(self, checkpoint_path: str) -> None:
