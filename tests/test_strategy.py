@@ -27,7 +27,8 @@ def test_auto_picks_tpu_when_a_tpu_device_file_exists(monkeypatch):
     monkeypatch.setattr(strategy_module, "local_tpu_attached", lambda: True)
     picked = []
     monkeypatch.setitem(strategy_module._BUILDERS, "tpu", lambda **kwargs: picked.append(kwargs) or "tpu-strategy")
-    assert make_strategy("auto") == "tpu-strategy" and picked == [{"virtual_devices": 0, "tpu": "local"}]
+    assert make_strategy("auto") == "tpu-strategy"
+    assert picked == [{"virtual_devices": 0, "tpu": "local", "startup_timeout_seconds": 300}]
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 8])

@@ -38,13 +38,67 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step, step_counter
 
 
 def average_replica_copies(strategy: tf.distribute.Strategy, variables) -> None:
-    """Sets every replica's copy of each variable to the mean of the copies (cross-replica context)."""
-    if strategy.num_replicas_in_sync == 1:
+    """Sets every replica's copy of each variable to the mean of the copies, on every worker.
+
+    Runs in replica context with an all-reduce, so the copies on other workers (MultiWorkerMirroredStrategy) and
+    other TPU hosts take part; call it inside a tf.function. Variables are read with tf.identity: under
+    MultiWorkerMirroredStrategy, all_reduce of `tf.convert_to_tensor(variable)` fails ("destinations can not be
+    empty").
+    """
+    if strategy.num_replicas_in_sync == 1 or not variables:
         return
-    for variable in variables:
-        copies = strategy.experimental_local_results(variable)
-        if len(copies) > 1:
-            variable.assign(tf.add_n([tf.convert_to_tensor(copy) for copy in copies]) / len(copies))
+
+    def average():
+        context = tf.distribute.get_replica_context()
+        for variable in variables:
+            variable.assign(context.all_reduce(tf.distribute.ReduceOp.MEAN, tf.identity(variable)))
+
+    strategy.run(average)
+
+
+def replica_disagreement(strategy: tf.distribute.Strategy, variables) -> float:
+    """How far the replicas' copies of `variables` are apart: the worst, over variables, of
+    sum over replicas of max|copy - mean of copies| / max|mean of copies|. 0 when all copies are equal (synchronous
+    training keeps them so), on one machine or many; measured with SUM all-reduces only (what every backend has).
+    """
+    variables = [getattr(variable, "value", variable) for variable in variables]
+    if strategy.num_replicas_in_sync == 1 or not variables:
+        return 0.0
+
+    @tf.function
+    def measure():
+        def per_replica():
+            context = tf.distribute.get_replica_context()
+            replicas = tf.cast(context.num_replicas_in_sync, tf.float32)
+            worst = tf.constant(0.0)
+            for variable in variables:
+                value = tf.cast(tf.identity(variable), tf.float32)
+                mean = context.all_reduce(tf.distribute.ReduceOp.SUM, value) / replicas
+                deviation = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reduce_max(tf.abs(value - mean)))
+                worst = tf.maximum(worst, deviation / tf.maximum(tf.reduce_max(tf.abs(mean)), 1e-30))
+            return worst
+
+        return strategy.experimental_local_results(strategy.run(per_replica))[0]
+
+    return float(measure())
+
+
+def make_any_worker(strategy: tf.distribute.Strategy):
+    """Returns any_worker(flag: bool) -> bool: whether `flag` is true in any process of the job.
+
+    For host-side decisions every worker must take together, such as stopping after a SIGTERM that reached only
+    some of them: a worker that stopped alone would leave the others blocked in their next collective. One scalar
+    all-reduce per call, compiled once.
+    """
+
+    @tf.function
+    def count(flag):
+        def per_replica():
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flag))
+
+        return strategy.experimental_local_results(strategy.run(per_replica))[0]
+
+    return lambda flag: bool(count(tf.constant(1.0 if flag else 0.0)) > 0)
 
 
 def make_eval_loop(strategy: tf.distribute.Strategy, replica_step):

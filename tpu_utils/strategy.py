@@ -9,6 +9,7 @@ import os
 
 import tensorflow as tf
 
+from tpu_utils.deadline import exit_if_stuck
 from training.errors import ConfigError
 
 STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker_mirrored", "tpu")
@@ -17,7 +18,8 @@ STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker_mirrored", "tpu")
 _LOCAL_TPU_DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 
 
-def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local") -> tf.distribute.Strategy:
+def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local",
+                  startup_timeout_seconds: int = 300) -> tf.distribute.Strategy:
     """Returns the strategy named `name` (one of STRATEGY_NAMES).
 
     Args:
@@ -25,6 +27,7 @@ def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local") ->
       virtual_devices: with 'mirrored' on a CPU-only host, split the CPU into this many devices (0 = off). Used to
         simulate replicas on a laptop or in CI; an error with any other strategy.
       tpu: 'local' (Colab, single-host TPU VM) or the TPU name of a pod slice.
+      startup_timeout_seconds: how long to wait for the other workers of TF_CONFIG, or a TPU, before exiting.
     """
     if name not in STRATEGY_NAMES:
         raise ConfigError(f"Unknown STRATEGY={name!r}. Expected one of {', '.join(map(repr, STRATEGY_NAMES))}; "
@@ -37,7 +40,7 @@ def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local") ->
         raise ConfigError(f"VIRTUAL_DEVICES={virtual_devices} only works with STRATEGY='mirrored' (got {name!r}): it "
                           "splits the CPU into devices to simulate replicas. Set STRATEGY='mirrored' or "
                           "VIRTUAL_DEVICES=0.")
-    return _BUILDERS[name](virtual_devices=virtual_devices, tpu=tpu)
+    return _BUILDERS[name](virtual_devices=virtual_devices, tpu=tpu, startup_timeout_seconds=startup_timeout_seconds)
 
 
 def local_tpu_attached() -> bool:
@@ -53,13 +56,13 @@ def _detect_strategy_name() -> str:
     return "default"
 
 
-def _default(*, virtual_devices, tpu):
-    del virtual_devices, tpu
+def _default(*, virtual_devices, tpu, startup_timeout_seconds):
+    del virtual_devices, tpu, startup_timeout_seconds
     return tf.distribute.get_strategy()
 
 
-def _mirrored(*, virtual_devices, tpu):
-    del tpu
+def _mirrored(*, virtual_devices, tpu, startup_timeout_seconds):
+    del tpu, startup_timeout_seconds
     if not virtual_devices:
         return tf.distribute.MirroredStrategy()
     if tf.config.list_physical_devices("GPU"):
@@ -87,19 +90,49 @@ def configure_virtual_cpus(count: int) -> None:
                           f"TensorFlow work ({error}).") from error
 
 
-def _multi_worker_mirrored(*, virtual_devices, tpu):
+def _multi_worker_mirrored(*, virtual_devices, tpu, startup_timeout_seconds):
     del virtual_devices, tpu
     from tpu_utils.tf_config import parse_tf_config
 
-    parse_tf_config(os.environ.get("TF_CONFIG"))  # A clear error now rather than a hang in the constructor.
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    task = parse_tf_config(os.environ.get("TF_CONFIG"))  # A clear error now rather than a hang in the constructor.
+    # The constructor blocks until every worker of TF_CONFIG has connected, forever if one never starts.
+    with exit_if_stuck(startup_timeout_seconds, f"the {task.num_workers} workers of TF_CONFIG to connect "
+                       f"(this is {task.type} {task.index})",
+                       "Start every worker listed in TF_CONFIG, check that their host:port addresses are reachable "
+                       "from each other, or raise experiment.startup_timeout_seconds."):
+        return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def _tpu(*, virtual_devices, tpu):
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    """Whether replicas live in more than one process that must agree on host-side decisions (e.g. stopping)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
+        return False
+    cluster = resolver.cluster_spec().as_dict()
+    return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes the run directory: always, except on the non-chief workers of a multi-worker job.
+
+    The chief is TF_CONFIG's 'chief' task, or worker 0 when there is none. (TPU pods are single-client: the one
+    Python process, on worker 0, is the chief.)
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None or \
+            not resolver.task_type:
+        return True
+    if resolver.task_type == "chief":
+        return True
+    return resolver.task_type == "worker" and resolver.task_id == 0 and \
+        "chief" not in resolver.cluster_spec().as_dict()
+
+
+def _tpu(*, virtual_devices, tpu, startup_timeout_seconds):
     del virtual_devices
     from tpu_utils import tpu_init  # Imported lazily: only TPU runs need the resolver machinery.
 
-    return tpu_init.make_tpu_strategy(tpu)
+    return tpu_init.make_tpu_strategy(tpu, startup_timeout_seconds=startup_timeout_seconds)
 
 
 _BUILDERS = {

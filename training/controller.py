@@ -14,12 +14,16 @@ import time
 
 import tensorflow as tf
 
+from tpu_utils.loop import make_any_worker, replica_disagreement
+from tpu_utils.strategy import is_multi_worker
 from training.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
 from training.export import export_saved_model
 from training.run_directory import RunDirectory
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
+
+REPLICA_TOLERANCE = 1e-5  # The contract's replica-invariance tolerance in float32.
 
 
 class Controller:
@@ -29,10 +33,13 @@ class Controller:
         self.trainer = trainer
         self.run_dir = run_dir
         self.config = trainer.config
-        self.manager = tf.train.CheckpointManager(trainer.checkpoint, run_dir.checkpoint_dir,
+        # Non-chief workers save to a temporary folder (they must save too) and resume from the chief's checkpoints.
+        self.manager = tf.train.CheckpointManager(trainer.checkpoint, run_dir.checkpoint_write_dir,
                                                   max_to_keep=self.config.checkpoints_to_keep,
                                                   step_counter=trainer.global_step)
         self._stop_signal = None
+        # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
+        self._any_worker = make_any_worker(trainer.strategy) if is_multi_worker(trainer.strategy) else bool
         self._saved_step = None  # Step of the newest checkpoint this process wrote or restored.
         self._writers = {}
         self._train_metrics = {}  # Of the last training loop; metrics.json's "train" part.
@@ -49,9 +56,12 @@ class Controller:
             self.manager.save(checkpoint_number=step)
             self._saved_step = step
 
+    def _latest_checkpoint(self) -> str | None:
+        return tf.train.latest_checkpoint(self.run_dir.checkpoint_dir)  # The chief's, which every worker resumes.
+
     def restore(self) -> int:
         """Restores the latest checkpoint if there is one (after checking it belongs to this run); returns the step."""
-        latest = self.manager.latest_checkpoint
+        latest = self._latest_checkpoint()
         self.run_dir.check_identity(self.config.identity(), has_checkpoint=latest is not None)
         if latest:
             self.trainer.restore(latest)
@@ -61,7 +71,7 @@ class Controller:
 
     def restore_for_inference(self) -> int:
         """Restores the latest checkpoint for --mode=eval/export; a ConfigError if there is none."""
-        if not self.manager.latest_checkpoint:
+        if not self._latest_checkpoint():
             raise ConfigError(f"No checkpoint in {self.run_dir.checkpoint_dir}: train first (--mode=train) or pass "
                               "the --model_dir of a trained run.")
         return self.restore()
@@ -82,15 +92,17 @@ class Controller:
                         break
                     if config.eval_every and step % config.eval_every == 0:
                         self.evaluate()
-                    if self._stop_signal is not None:
+                    if self._any_worker(self._stop_signal is not None):
                         self._save(step)
-                        raise TrainingInterrupted(f"Stopped by {signal.Signals(self._stop_signal).name} at step {step}; "
-                                                  "checkpoint saved. Rerun the same command to resume.")
+                        cause = signal.Signals(self._stop_signal).name if self._stop_signal else "another worker"
+                        raise TrainingInterrupted(f"Stopped by {cause} at step {step}; checkpoint saved. Rerun the "
+                                                  "same command to resume.")
                     if config.checkpoint_every and step % config.checkpoint_every == 0:
                         self._save(step)
         final = self.evaluate()
         self._save(trainer.step)
         self.export()
+        self._check_replicas_agree()
         return final
 
     def evaluate(self) -> dict:
@@ -108,11 +120,21 @@ class Controller:
         return {"step": step, "train": self._train_metrics, "eval": evaluation}
 
     def export(self) -> str:
-        path = self.run_dir.export_dir(self.trainer.step)
+        path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
+        export_saved_model(self.trainer.model, self.trainer.dataset_spec, path)
         if self.run_dir.is_chief:
-            export_saved_model(self.trainer.model, self.trainer.dataset_spec, path)
             log.info("Exported SavedModel to %s", path)
         return path
+
+    def _check_replicas_agree(self) -> None:
+        """Synchronous training keeps every replica's weights equal, on every worker; measures it once at the end."""
+        strategy = self.trainer.strategy
+        if strategy.num_replicas_in_sync == 1:
+            return
+        disagreement = replica_disagreement(strategy, self.trainer.model.variables)
+        report = log.info if disagreement <= REPLICA_TOLERANCE else log.warning
+        report("Replica weights: the %d replicas' copies differ by at most %.1e (relative; tolerance %.0e).",
+               strategy.num_replicas_in_sync, disagreement, REPLICA_TOLERANCE)
 
     def _run_one_loop(self, iterator) -> None:
         config, trainer = self.config, self.trainer
@@ -124,7 +146,7 @@ class Controller:
         if not math.isfinite(metrics["loss"]):
             raise NonFiniteLossError(f"Loss became {metrics['loss']} between steps {step - num_steps} and {step}; "
                                      "nothing was saved since. The newest checkpoint on disk "
-                                     f"({self.manager.latest_checkpoint or 'none yet'}) is the last good one. Lower "
+                                     f"({self._latest_checkpoint() or 'none yet'}) is the last good one. Lower "
                                      "LEARNING_RATE or set experiment.clip_global_norm, then rerun to resume from it.")
         metrics["examples_per_second"] = num_steps * config.global_batch_size / seconds
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())

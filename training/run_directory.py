@@ -11,18 +11,30 @@
 """
 
 import json
+import logging
+import os
+import shutil
+import tempfile
 
 import tensorflow as tf
 
 from training.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 class RunDirectory:
-    """Paths and small files of one run. Only the chief writes (`is_chief=False` makes every write a no-op)."""
+    """Paths and small files of one run. Only the chief writes (`is_chief=False` makes every write a no-op).
+
+    The other workers of a multi-worker job must still save checkpoints and exports (saving takes part in
+    collectives, and a worker that skips it can deadlock the job): they write to a private local temporary folder
+    instead (`checkpoint_write_dir`, `export_dir`), which `cleanup()` removes.
+    """
 
     def __init__(self, model_dir: str, *, is_chief: bool = True):
         self.model_dir = model_dir
         self.is_chief = is_chief
+        self._scratch_dir = None
 
     def path(self, *parts: str) -> str:
         return tf.io.gfile.join(self.model_dir, *parts)  # Also right for gs:// URLs.
@@ -31,8 +43,26 @@ class RunDirectory:
     def checkpoint_dir(self) -> str:
         return self.path("checkpoints")
 
+    @property
+    def checkpoint_write_dir(self) -> str:
+        """Where this process's checkpoints go: `checkpoint_dir` on the chief, a temporary folder elsewhere."""
+        return self.checkpoint_dir if self.is_chief else self._scratch("checkpoints")
+
     def export_dir(self, step: int) -> str:
-        return self.path("export", str(step))
+        return self.path("export", str(step)) if self.is_chief else self._scratch("export", str(step))
+
+    def _scratch(self, *parts: str) -> str:
+        if self._scratch_dir is None:
+            self._scratch_dir = tempfile.mkdtemp(prefix="non-chief-worker-")
+            log.info("Not the chief: this worker saves to %s (removed at exit); the chief writes %s.",
+                     self._scratch_dir, self.model_dir)
+        return os.path.join(self._scratch_dir, *parts)
+
+    def cleanup(self) -> None:
+        """Removes a non-chief worker's temporary folder (a no-op on the chief)."""
+        if self._scratch_dir is not None:
+            shutil.rmtree(self._scratch_dir, ignore_errors=True)
+            self._scratch_dir = None
 
     def write_text(self, name: str, text: str) -> None:
         if not self.is_chief:
