@@ -4,7 +4,9 @@
   python train.py --gin_file=configs/experiments/mnist_cnn.gin --gin_param="TRAIN_STEPS=500"
   python train.py --model_dir=runs/default --mode=eval
 
-Exit codes: 0 done, 2 bad input or config, 3 interrupted (checkpoint saved), 4 non-finite loss
+  python train.py --gin_file=configs/tpu/cifar10_resnet_v3_8.gin --preflight   # check a TPU config on CPU
+
+Exit codes: 0 done, 2 bad input or config, 3 interrupted (checkpoint saved), 4 non-finite loss, 5 preflight failed
 (see README.md, "Exit codes").
 """
 
@@ -27,6 +29,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model_dir", default=None,
                         help="run directory, local or gs://; default runs/<experiment name> (rerunning resumes)")
     parser.add_argument("--mode", choices=("train", "eval", "export"), default="train")
+    parser.add_argument("--preflight", action="store_true",
+                        help="check the config on this CPU (for TPU configs: at their replica count, with an XLA "
+                             "compile) without training; exit 0 if it passes, 5 if not")
     return parser.parse_args(argv)
 
 
@@ -44,7 +49,7 @@ def main(argv: list[str]) -> int:
         logging.getLogger(package).setLevel(logging.INFO)
 
     from training import config_files
-    from training.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+    from training.errors import EXIT_PREFLIGHT_FAILED, ConfigError, NonFiniteLossError, TrainingInterrupted
 
     gin_files = args.gin_file or [DEFAULT_GIN_FILE]
     model_dir = args.model_dir or os.path.join("runs", experiment_name(gin_files))
@@ -53,6 +58,8 @@ def main(argv: list[str]) -> int:
         from training import experiment
 
         print(f"model_dir: {model_dir}", flush=True)
+        if args.preflight:
+            return 0 if experiment.preflight(model_dir=model_dir) else EXIT_PREFLIGHT_FAILED
         result = experiment.run(model_dir=model_dir, mode=args.mode, command=shlex.join(argv))
     except (ConfigError, NonFiniteLossError, TrainingInterrupted) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)

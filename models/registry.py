@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import keras
 
-from models import cnn, mlp
+from models import cnn, mlp, resnet
 from training.errors import ConfigError
 
 ModelBuilder = Callable[..., keras.Model]
@@ -19,6 +19,7 @@ ModelBuilder = Callable[..., keras.Model]
 MODELS: dict[str, ModelBuilder] = {
     "mlp": mlp.mlp,
     "cnn": cnn.cnn,
+    "resnet": resnet.resnet,
 }
 
 

@@ -35,11 +35,14 @@ class ExperimentConfig:
     clip_global_norm: float | None = None  # Clip the replica-summed gradients to this global norm; None = off.
     eval_batch_size: int | None = None  # Global eval batch; None = global_batch_size.
     checkpoints_to_keep: int = 3
+    target_replicas: int = 0  # Replicas the config is written for (TPU configs: 8 on a v3-8); 0 = not declared.
+    startup_timeout_seconds: int = 300  # Waiting for the other workers of TF_CONFIG (or a TPU) before giving up.
 
     def __post_init__(self):
-        for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep"):
+        for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep",
+                     "startup_timeout_seconds"):
             _require_int(name, getattr(self, name), minimum=1)
-        for name in ("checkpoint_every", "eval_every", "virtual_devices"):
+        for name in ("checkpoint_every", "eval_every", "virtual_devices", "target_replicas"):
             _require_int(name, getattr(self, name), minimum=0)
         _require_int("seed", self.seed, minimum=0)
         if self.eval_batch_size is not None:

@@ -8,7 +8,8 @@ import logging
 
 import gin
 
-from tpu_utils.strategy import make_strategy
+from tpu_utils.strategy import is_chief, make_strategy
+from training import preflight as preflight_module
 from training.config import ExperimentConfig
 from training.controller import Controller
 from training.run_directory import RunDirectory
@@ -25,18 +26,34 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     `command` (the exact command line) is recorded in model_dir/command.txt.
     """
     config = experiment()  # All fields come from gin (configs/base.gin binds them to the contract's macros).
-    strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices, tpu=config.tpu)
+    strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices, tpu=config.tpu,
+                             startup_timeout_seconds=config.startup_timeout_seconds)
     log.info("Strategy %s with %d replica(s); model_dir %s", type(strategy).__name__, strategy.num_replicas_in_sync,
              model_dir)
+    if config.target_replicas and config.target_replicas != strategy.num_replicas_in_sync:
+        log.warning("This config is written for %d replicas and runs on %d: same global batch and learning rate, so "
+                    "the result should match, but the per-replica batch and speed differ.", config.target_replicas,
+                    strategy.num_replicas_in_sync)
     trainer = Trainer(config, strategy)
-    run_dir = RunDirectory(model_dir)
+    run_dir = RunDirectory(model_dir, is_chief=is_chief(strategy))
     controller = Controller(trainer, run_dir)
-    if mode == "train":
-        controller.restore()
-        run_dir.write_text("command.txt", command + "\n")
-        run_dir.write_text("operative_config.gin", gin.operative_config_str())
-        return controller.train_and_evaluate()
-    controller.restore_for_inference()
-    if mode == "eval":
-        return controller.evaluate()
-    return {"step": trainer.step, "export": controller.export()}
+    try:
+        if mode == "train":
+            controller.restore()
+            run_dir.write_text("command.txt", command + "\n")
+            run_dir.write_text("operative_config.gin", gin.operative_config_str())
+            return controller.train_and_evaluate()
+        controller.restore_for_inference()
+        if mode == "eval":
+            return controller.evaluate()
+        return {"step": trainer.step, "export": controller.export()}
+    finally:
+        run_dir.cleanup()
+
+
+def preflight(*, model_dir: str) -> bool:
+    """Checks the configured experiment on this machine's CPU (training/preflight.py); prints a report."""
+    config = experiment()
+    checks = preflight_module.run_preflight(config, model_dir)
+    print(preflight_module.report(checks, config), flush=True)
+    return not any(check.problem for check in checks)

@@ -47,16 +47,16 @@ class Trainer:
             self.eval_loss = keras.metrics.Mean("loss")
             self.eval_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
 
-        train_step = step.make_train_step(self.model, self.optimizer, loss_fn,
+        self.train_step = step.make_train_step(self.model, self.optimizer, loss_fn,
                                           global_batch_size=config.global_batch_size,
                                           clip_global_norm=config.clip_global_norm, accuracy=self.train_accuracy)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, accuracy=self.eval_accuracy)
-        self._train_loop = loop.make_train_loop(strategy, train_step, self.global_step,
+        self._train_loop = loop.make_train_loop(strategy, self.train_step, self.global_step,
                                                 self.model.non_trainable_variables)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
-        eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(self.dataset_spec, self.data,
-                                                                      global_batch_size=config.global_eval_batch_size)
-        self._eval_dataset = strategy.distribute_datasets_from_function(eval_input_fn)
+        self.eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(
+            self.dataset_spec, self.data, global_batch_size=config.global_eval_batch_size)
+        self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
 
     def restore(self, checkpoint_path: str) -> None:
@@ -74,12 +74,14 @@ class Trainer:
         """Training steps run so far, i.e. global batches consumed (saved in every checkpoint)."""
         return int(self.global_step.numpy())
 
+    def train_input_fn(self):
+        """input_fn(InputContext) -> per-replica training batches, positioned at the current step (exact resume)."""
+        return pipeline.make_train_input_fn(self.dataset_spec, self.data, global_batch_size=self.config.global_batch_size,
+                                            seed=self.config.seed, start_step=self.step)
+
     def train_iterator(self):
-        """A distributed iterator over the training data, positioned at the current step (exact resume)."""
-        input_fn = pipeline.make_train_input_fn(self.dataset_spec, self.data,
-                                                global_batch_size=self.config.global_batch_size,
-                                                seed=self.config.seed, start_step=self.step)
-        return iter(self.strategy.distribute_datasets_from_function(input_fn))
+        """A distributed iterator over the training data, positioned at the current step."""
+        return iter(self.strategy.distribute_datasets_from_function(self.train_input_fn()))
 
     def train(self, iterator, num_steps: int) -> dict:
         """Runs `num_steps` steps on the device; returns {'loss': mean global loss, 'accuracy': ...} over them."""

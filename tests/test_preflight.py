@@ -1,0 +1,111 @@
+"""`train.py --preflight`: TPU configs checked on CPU at their replica count (virtual devices), exit 0 or 5.
+
+Every shipped TPU config must pass, with its gs:// paths pointed at a test bucket (nothing is read from it: TFDS's
+mock data stands in for the download-only datasets). Deliberately broken configs must each fail with a message
+that names the problem: a dynamic-shape input, a string op in the model, a global batch that does not divide by
+the replica count, a local DATA_DIR for a pod slice.
+"""
+
+import glob
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+import tensorflow as tf
+
+from data import pipeline
+from models import registry as model_registry
+from tests.helpers import REPO_ROOT, run_train_py
+from training import preflight
+
+TPU_CONFIGS = sorted(path for path in glob.glob(os.path.join(REPO_ROOT, "configs", "tpu", "*.gin"))
+                     if not path.endswith("tpu_base.gin"))
+BUCKET = "gs://preflight-test-bucket"
+# train.py inside TFDS's mock data (the public internet does not exist here): the same pipeline code, random examples.
+MOCK_RUNNER = ("import sys, tensorflow_datasets as tfds, train\n"
+               "with tfds.testing.mock_data(num_examples=4096):\n"
+               "    sys.exit(train.main(['train.py'] + sys.argv[1:]))\n")
+
+
+def test_every_tpu_config_declares_its_replicas_and_bfloat16():
+    assert len(TPU_CONFIGS) >= 4
+    for path in TPU_CONFIGS:
+        text = open(path).read()
+        assert "experiment.target_replicas" in text and "configs/tpu/tpu_base.gin" in text, path
+        assert "# Batch:" in text, f"{path}: the header must state per-replica batch and learning-rate scaling"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", TPU_CONFIGS, ids=os.path.basename)
+def test_every_shipped_tpu_config_passes_the_preflight(path):
+    result = subprocess.run([sys.executable, "-c", MOCK_RUNNER, f"--gin_file={path}", "--preflight",
+                             f"--gin_param=DATA_DIR='{BUCKET}/tensorflow_datasets'", f"--model_dir={BUCKET}/run"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "preflight passed." in result.stdout
+    assert "ok   train step compiles with XLA" in result.stdout and "ok   static per-replica input shapes" in result.stdout
+
+
+def _config(small_config, **overrides):
+    return small_config(**{"target_replicas": 4, "global_batch_size": 64, **overrides})
+
+
+def _problems(checks) -> dict:
+    return {check.name: check.problem for check in checks if check.problem}
+
+
+def test_a_valid_config_passes(small_config, tmp_path):
+    checks = preflight.run_preflight(_config(small_config), str(tmp_path))
+    assert _problems(checks) == {} and len(checks) == 5
+    assert "4 replica(s)" in preflight.report(checks, _config(small_config))
+
+
+def test_a_global_batch_that_does_not_divide_fails(small_config, tmp_path):
+    problems = _problems(preflight.run_preflight(_config(small_config, global_batch_size=50), str(tmp_path)))
+    assert "GLOBAL_BATCH_SIZE=50 does not divide by the 4 replicas" in problems["batch divides by the replicas"]
+
+
+def test_a_local_data_dir_on_a_pod_slice_fails(small_config, tmp_path):
+    config = _config(small_config, strategy="tpu", tpu="my-tpu-pod")
+    problems = _problems(preflight.run_preflight(config, f"{BUCKET}/run"))
+    assert list(problems) == ["storage on gs://"]
+    assert f"DATA_DIR={config.data_dir!r}" in problems["storage on gs://"]
+    assert "model_dir=" not in problems["storage on gs://"].split("is not on gs://")[0]
+
+
+def test_a_dynamic_shape_input_fails(small_config, tmp_path, monkeypatch):
+    real = pipeline.make_train_input_fn
+
+    def without_drop_remainder(*args, **kwargs):  # A user's pipeline that batches with drop_remainder=False.
+        input_fn = real(*args, **kwargs)
+        return lambda context: input_fn(context).unbatch().batch(16)
+
+    monkeypatch.setattr(pipeline, "make_train_input_fn", without_drop_remainder)
+    problems = _problems(preflight.run_preflight(_config(small_config), str(tmp_path)))
+    assert "not fully defined: train TensorSpec(shape=(None, 8, 8, 1)" in problems["static per-replica input shapes"]
+
+
+def _model_with_a_string_op(input_shape, num_classes, **options):
+    inputs = keras.Input(shape=input_shape)
+    # Round-trips the pixels through strings: runs on a CPU, has no XLA kernel, so it cannot run on a TPU.
+    x = keras.layers.Lambda(lambda t: tf.strings.to_number(tf.strings.as_string(t)))(inputs)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, dtype="float32")(x))
+
+
+def test_a_string_op_in_the_model_fails(small_config, tmp_path, monkeypatch):
+    monkeypatch.setitem(model_registry.MODELS, "with_strings", _model_with_a_string_op)
+    problems = _problems(preflight.run_preflight(_config(small_config, model="with_strings"), str(tmp_path)))
+    assert list(problems) == ["train step compiles with XLA"]
+    assert "AsString" in problems["train step compiles with XLA"]
+
+
+def test_cli_exit_codes(tmp_path, data_dir):
+    failed = run_train_py("--preflight", "--gin_param=experiment.target_replicas=8", "--gin_param=GLOBAL_BATCH_SIZE=60",
+                          f"--model_dir={tmp_path}")
+    assert failed.returncode == 5, failed.stdout + failed.stderr
+    assert "FAIL batch divides by the replicas: GLOBAL_BATCH_SIZE=60" in failed.stdout
+    assert "preflight failed: 1 problem(s)." in failed.stdout
+    assert not os.listdir(tmp_path)  # A preflight writes nothing.

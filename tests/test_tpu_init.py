@@ -1,0 +1,81 @@
+"""TPU initialisation up to the hardware boundary: every decision and failure message, each within a time bound.
+
+No TPU exists here (and no fake TPU backend): what is covered is everything before a chip would answer. The GCE
+metadata server that TPU name lookups query is the loopback stub of conftest.py, so nothing leaves the machine.
+"""
+
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from tests.helpers import REPO_ROOT, run_train_py
+from tpu_utils import tpu_init
+from tpu_utils.launch_local import free_loopback_ports
+from training.errors import ConfigError
+
+
+@pytest.mark.parametrize("tpu", ["local", "my-tpu-pod", "v3-32", "grpc://10.0.0.2:8470"])
+def test_well_formed_tpu_settings(tpu):
+    environ = {} if tpu == "local" else {"TPU_LOAD_LIBRARY": "0"}
+    tpu_init.check_tpu_setting(tpu, environ)
+
+
+@pytest.mark.parametrize("tpu", ["", "My_TPU", "pod name", "-pod", "grpc://host", None, 8])
+def test_malformed_tpu_settings_name_the_value(tpu):
+    with pytest.raises(ConfigError, match=f"TPU={tpu!r}: expected 'local'"):
+        tpu_init.check_tpu_setting(tpu, {"TPU_LOAD_LIBRARY": "0"})
+
+
+def test_a_pod_name_needs_tpu_load_library_0():
+    for environ in ({}, {"TPU_LOAD_LIBRARY": "1"}):
+        with pytest.raises(ConfigError, match="Start it with TPU_LOAD_LIBRARY=0 in the environment"):
+            tpu_init.check_tpu_setting("my-tpu-pod", environ)
+
+
+def test_local_with_tpu_load_library_0_is_refused():
+    with pytest.raises(ConfigError, match="TPU='local' but TPU_LOAD_LIBRARY=0 is set"):
+        tpu_init.check_tpu_setting("local", {"TPU_LOAD_LIBRARY": "0"})
+
+
+def test_train_py_exits_2_when_tpu_load_library_is_wrong(tmp_path, data_dir):
+    result = run_train_py("--gin_param=STRATEGY='tpu'", "--gin_param=TPU='my-tpu-pod'", f"--model_dir={tmp_path}",
+                          env={"TPU_LOAD_LIBRARY": ""}, timeout=120)
+    assert result.returncode == 2 and "Start it with TPU_LOAD_LIBRARY=0" in result.stderr
+
+
+def test_an_unknown_tpu_name_is_a_config_error_within_seconds(monkeypatch):
+    monkeypatch.setenv("TPU_LOAD_LIBRARY", "0")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="TPU='no-such-tpu' could not be resolved .*gcloud compute tpus tpu-vm list"):
+        tpu_init.make_tpu_strategy("no-such-tpu", startup_timeout_seconds=30)
+    assert time.monotonic() - started < 10
+
+
+def test_an_unreachable_tpu_address_ends_within_the_startup_timeout():
+    """A grpc:// address nobody answers: TF's connect waits for minutes while holding the GIL; the watchdog ends it."""
+    port = free_loopback_ports(1)[0]
+    script = ("import os\nos.environ['TPU_LOAD_LIBRARY'] = '0'\n"
+              "import logging; logging.basicConfig(level=logging.INFO)\n"
+              "from tpu_utils.tpu_init import make_tpu_strategy\n"
+              f"make_tpu_strategy('grpc://127.0.0.1:{port}', startup_timeout_seconds=5)\n"
+              "print('RETURNED')\n")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - started < 60
+    assert result.returncode != 0 and "RETURNED" not in result.stdout
+    output = result.stdout + result.stderr
+    # The watchdog ended the wait (status 1), after the advice was logged.
+    assert result.returncode == 1 and "Timeout (0:00:05)!" in output, output[-3000:]
+    assert "Waiting for TPU 'grpc://127.0.0.1:" in output and "Check that the TPU is READY" in output
+
+
+def test_versions_and_topology_are_described():
+    versions = tpu_init.software_versions()
+    assert set(versions) == {"tensorflow", "keras", "tensorflow-tpu", "libtpu"}
+    assert versions["tensorflow"].startswith("2.20") and versions["libtpu"] == "not installed"
+    # A stand-in for tf.tpu.experimental.Topology (no TPU here): a v3-32 slice.
+    topology = types.SimpleNamespace(num_tasks=4, num_tpus_per_task=8, mesh_shape=[4, 4, 2])
+    assert tpu_init.describe_topology(topology) == "4 host(s) x 8 TPU core(s) = 32 cores, mesh shape [4, 4, 2]"

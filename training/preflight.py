@@ -1,0 +1,121 @@
+"""`train.py --preflight`: checks a config on this CPU machine before anyone pays for a TPU; exit 0 or 5.
+
+For the config's declared replica count (`experiment.target_replicas`; TPU configs declare it) on virtual CPU
+devices it builds the real input pipelines and model, then checks:
+- the global batches divide by the replica count (every replica runs one static shape);
+- every per-replica input shape is fully static (TPUs compile one program per shape; CPUs and GPUs would silently
+  recompile instead);
+- on a pod slice (TPU set to a name), DATA_DIR and model_dir are on gs:// (the input pipeline runs on every host's
+  CPU and checkpoints are written by the TPU hosts: local paths exist on worker 0 only);
+- the train step of one replica compiles with XLA (compile only, nothing runs): strings, py_function and other ops
+  a TPU cannot run fail here instead of on the TPU.
+It prints one line per check and every problem found, not just the first.
+"""
+
+import dataclasses
+import logging
+import time
+
+import tensorflow as tf
+
+from tpu_utils.strategy import configure_virtual_cpus, make_strategy
+from training.config import ExperimentConfig
+from training.errors import ConfigError
+from training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    problem: str | None = None  # None: passed.
+    note: str = ""
+
+
+def preflight_replicas(config: ExperimentConfig) -> int:
+    """The replica count the config is meant for: target_replicas, else VIRTUAL_DEVICES, else 1."""
+    return config.target_replicas or config.virtual_devices or 1
+
+
+def run_preflight(config: ExperimentConfig, model_dir: str) -> list[Check]:
+    """Runs every check (see the module docstring); returns them, failed ones with their problem."""
+    replicas = preflight_replicas(config)
+    configure_virtual_cpus(replicas)
+    checks = [_check_divisibility(config, replicas), _check_storage(config, model_dir)]
+    if checks[0].problem:
+        return checks  # Nothing can be built for this replica count.
+    try:
+        trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
+        context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas)
+        train_spec = trainer.train_input_fn()(context).element_spec
+        eval_spec = trainer.eval_input_fn(context).element_spec
+    except ConfigError as error:
+        return checks + [Check("input pipelines and model build", str(error))]
+    checks.append(Check("input pipelines and model build", note=f"{trainer.model.count_params():,} parameters"))
+    checks.append(_check_static_shapes({"train": train_spec, "eval": eval_spec}))
+    checks.append(_check_xla_compiles(config, replicas, train_spec))
+    return checks
+
+
+def report(checks: list[Check], config: ExperimentConfig) -> str:
+    lines = [f"preflight for {preflight_replicas(config)} replica(s), STRATEGY={config.strategy!r}, "
+             f"TPU={config.tpu!r}, PRECISION={config.precision!r}:"]
+    for check in checks:
+        status = "FAIL" if check.problem else "ok  "
+        lines.append(f"  {status} {check.name}" + (f": {check.problem}" if check.problem else
+                                                    (f" ({check.note})" if check.note else "")))
+    failed = sum(1 for check in checks if check.problem)
+    lines.append(f"preflight {'failed: ' + str(failed) + ' problem(s)' if failed else 'passed'}.")
+    return "\n".join(lines)
+
+
+def _check_divisibility(config: ExperimentConfig, replicas: int) -> Check:
+    try:
+        config.check_replicas(replicas)
+    except ConfigError as error:
+        return Check("batch divides by the replicas", str(error))
+    per_replica = config.global_batch_size // replicas
+    note = f"{per_replica} examples per replica"
+    if config.strategy == "tpu" and per_replica % 8:
+        note += "; TPUs want a multiple of 8 per replica (ideally 128)"
+    return Check("batch divides by the replicas", note=note)
+
+
+def _check_storage(config: ExperimentConfig, model_dir: str) -> Check:
+    if config.strategy != "tpu" or config.tpu == "local":
+        return Check("storage", note="local paths allowed (not a pod slice)")
+    local = [f"{name}={value!r}" for name, value in (("DATA_DIR", config.data_dir), ("model_dir", model_dir))
+             if not str(value or "").startswith("gs://")]
+    if local:
+        return Check("storage on gs://", f"{', '.join(local)} is not on gs://: on a pod slice every host reads the "
+                                         "data and the TPU hosts write checkpoints, so both must be gs:// paths "
+                                         "(copy a prepared TFDS data_dir to a bucket; pass --model_dir=gs://...).")
+    return Check("storage on gs://")
+
+
+def _check_static_shapes(specs: dict) -> Check:
+    dynamic = [f"{name} {spec}" for name, element in specs.items() for spec in tf.nest.flatten(element)
+               if not spec.shape.is_fully_defined()]
+    if dynamic:
+        return Check("static per-replica input shapes", "not fully defined: " + "; ".join(dynamic) + ". TPUs need "
+                     "static shapes: batch with drop_remainder=True and give images a fixed size.")
+    shapes = ", ".join(str(spec.shape) for spec in tf.nest.flatten(specs["train"]))
+    return Check("static per-replica input shapes", note=f"train {shapes}")
+
+
+def _check_xla_compiles(config: ExperimentConfig, replicas: int, train_spec) -> Check:
+    """Compiles (does not run) one replica's train step with XLA, at the per-replica batch."""
+    one_replica = dataclasses.replace(config, global_batch_size=config.global_batch_size // replicas,
+                                      eval_batch_size=config.global_eval_batch_size // replicas, virtual_devices=0)
+    trainer = Trainer(one_replica, tf.distribute.get_strategy())
+    compiled = tf.function(trainer.train_step, jit_compile=True)
+    started = time.perf_counter()
+    try:
+        batch = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), train_spec)  # Shapes only.
+        compiled.experimental_get_compiler_ir(batch)(stage="hlo")
+    except Exception as error:  # noqa: BLE001 - XLA reports unsupported ops in several error types.
+        message = " ".join(str(error).split())
+        return Check("train step compiles with XLA", f"{message[:600]} -- TPUs run only XLA-compilable ops: "
+                     "remove string ops, tf.py_function and data-dependent shapes from the model and loss.")
+    return Check("train step compiles with XLA", note=f"one replica, {time.perf_counter() - started:.1f} s")
