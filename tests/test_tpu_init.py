@@ -79,3 +79,17 @@ def test_versions_and_topology_are_described():
     # A stand-in for tf.tpu.experimental.Topology (no TPU here): a v3-32 slice.
     topology = types.SimpleNamespace(num_tasks=4, num_tpus_per_task=8, mesh_shape=[4, 4, 2])
     assert tpu_init.describe_topology(topology) == "4 host(s) x 8 TPU core(s) = 32 cores, mesh shape [4, 4, 2]"
+
+
+def _requirement_lines(name: str) -> list[str]:
+    with open(f"{REPO_ROOT}/{name}") as handle:
+        return [line.split("#")[0].strip() for line in handle if line.split("#")[0].strip()]
+
+
+def test_tpu_requirements_pin_one_tensorflow_matching_ci():
+    tpu = _requirement_lines("requirements-tpu.txt")
+    cpu_pin = next(line for line in _requirement_lines("requirements.txt") if line.startswith("tensorflow-cpu=="))
+    assert f"tensorflow-tpu=={cpu_pin.split('==')[1]}" in tpu  # What CI tests is what runs on the TPU.
+    assert any(line.startswith("libtpu==") for line in tpu)  # Explicit, not whatever libtpu~=0.0.14 resolves to.
+    assert not [line for line in tpu if line.split("==")[0].split("[")[0] in ("tensorflow", "tensorflow-cpu")]
+    assert "-r requirements-common.txt" in tpu
