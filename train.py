@@ -49,7 +49,8 @@ def main(argv: list[str]) -> int:
         logging.getLogger(package).setLevel(logging.INFO)
 
     from training import config_files
-    from training.errors import EXIT_PREFLIGHT_FAILED, ConfigError, NonFiniteLossError, TrainingInterrupted
+    from training.errors import (EXIT_PREFLIGHT_FAILED, ConfigError, NonFiniteLossError, StorageError,
+                                 TrainingInterrupted)
 
     gin_files = args.gin_file or [DEFAULT_GIN_FILE]
     model_dir = args.model_dir or os.path.join("runs", experiment_name(gin_files))
@@ -61,7 +62,7 @@ def main(argv: list[str]) -> int:
         if args.preflight:
             return 0 if experiment.preflight(model_dir=model_dir) else EXIT_PREFLIGHT_FAILED
         result = experiment.run(model_dir=model_dir, mode=args.mode, command=shlex.join(argv))
-    except (ConfigError, NonFiniteLossError, TrainingInterrupted) as error:
+    except (ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
     except KeyboardInterrupt:

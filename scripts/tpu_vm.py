@@ -77,6 +77,7 @@ class Gcloud:
         self.tpu("ssh", "--worker=all", f"--command={INSTALL}")
 
     def train(self, train_args: list[str]) -> int:
+        train_args = [*train_args, f"--gin_param=experiment.tpu_zone='{self.args.zone}'"]  # Bucket region check.
         if is_multi_host(self.args.accelerator_type):
             train_args = [*train_args, f"--gin_param=TPU='{self.args.name}'"]
             environment = "export TPU_LOAD_LIBRARY=0 && "  # Leave the chips to the TPU servers on every host.

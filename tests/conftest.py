@@ -6,6 +6,8 @@
   can run 1-8 replicas in this process (training/replica_invariance.py uses ReductionToOneDevice for that).
 - TFDS_DATA_DIR points at a per-session folder: tests build the bundled digits dataset there and never touch
   ~/tensorflow_datasets or the network.
+- gs://: the `gcs` fixture starts a real GCS API server on loopback (tests/gcs/emulator.py) on first use;
+  `gcs_bucket` gives a test a fresh bucket. TensorFlow's GCS retry settings are set before it is imported.
 """
 
 import os
@@ -35,7 +37,11 @@ def _start_metadata_stub() -> str:
 
 
 def pytest_configure(config):
+    sys.path.insert(0, REPO_ROOT)
     metadata = _start_metadata_stub()
+    from tests.gcs.emulator import EARLY_ENVIRONMENT
+
+    os.environ.update(EARLY_ENVIRONMENT)  # Before TensorFlow is imported (below): it reads them once.
     os.environ.update({
         "GCE_METADATA_HOST": metadata, "GCE_METADATA_IP": metadata, "GCE_METADATA_ROOT": metadata,
         "NO_GCE_CHECK": "true", "no_proxy": "127.0.0.1,localhost",
@@ -43,7 +49,6 @@ def pytest_configure(config):
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     })
-    sys.path.insert(0, REPO_ROOT)
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(VIRTUAL_CPUS)
@@ -87,3 +92,19 @@ def small_config(data_dir):
         return ExperimentConfig(**fields)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """fake-gcs-server + the TLS proxy, started once (~0.3 s), torn down at the end; see tests/gcs/emulator.py."""
+    from tests.gcs.emulator import GcsEmulator
+
+    emulator = GcsEmulator().start()
+    yield emulator
+    emulator.close()
+
+
+@pytest.fixture
+def gcs_bucket(gcs) -> str:
+    """A fresh, empty bucket's name."""
+    return gcs.new_bucket()

@@ -22,7 +22,6 @@ from training import preflight
 
 TPU_CONFIGS = sorted(path for path in glob.glob(os.path.join(REPO_ROOT, "configs", "tpu", "*.gin"))
                      if not path.endswith("tpu_base.gin"))
-BUCKET = "gs://preflight-test-bucket"
 # train.py inside TFDS's mock data (the public internet does not exist here): the same pipeline code, random examples.
 MOCK_RUNNER = ("import sys, tensorflow_datasets as tfds, train\n"
                "with tfds.testing.mock_data(num_examples=4096):\n"
@@ -39,13 +38,15 @@ def test_every_tpu_config_declares_its_replicas_and_bfloat16():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", TPU_CONFIGS, ids=os.path.basename)
-def test_every_shipped_tpu_config_passes_the_preflight(path):
+def test_every_shipped_tpu_config_passes_the_preflight(path, gcs_bucket):
+    bucket = f"gs://{gcs_bucket}"  # On the loopback GCS server: the bucket check runs for real.
     result = subprocess.run([sys.executable, "-c", MOCK_RUNNER, f"--gin_file={path}", "--preflight",
-                             f"--gin_param=DATA_DIR='{BUCKET}/tensorflow_datasets'", f"--model_dir={BUCKET}/run"],
+                             f"--gin_param=DATA_DIR='{bucket}/tensorflow_datasets'", f"--model_dir={bucket}/run"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "preflight passed." in result.stdout
-    assert "ok   train step compiles with XLA" in result.stdout and "ok   static per-replica input shapes" in result.stdout
+    for check in ("train step compiles with XLA", "static per-replica input shapes", "gs:// buckets exist"):
+        assert f"ok   {check}" in result.stdout, result.stdout
 
 
 def _config(small_config, **overrides):
@@ -58,7 +59,7 @@ def _problems(checks) -> dict:
 
 def test_a_valid_config_passes(small_config, tmp_path):
     checks = preflight.run_preflight(_config(small_config), str(tmp_path))
-    assert _problems(checks) == {} and len(checks) == 5
+    assert _problems(checks) == {} and len(checks) == 6
     assert "4 replica(s)" in preflight.report(checks, _config(small_config))
 
 
@@ -67,9 +68,9 @@ def test_a_global_batch_that_does_not_divide_fails(small_config, tmp_path):
     assert "GLOBAL_BATCH_SIZE=50 does not divide by the 4 replicas" in problems["batch divides by the replicas"]
 
 
-def test_a_local_data_dir_on_a_pod_slice_fails(small_config, tmp_path):
+def test_a_local_data_dir_on_a_pod_slice_fails(small_config, gcs_bucket):
     config = _config(small_config, strategy="tpu", tpu="my-tpu-pod")
-    problems = _problems(preflight.run_preflight(config, f"{BUCKET}/run"))
+    problems = _problems(preflight.run_preflight(config, f"gs://{gcs_bucket}/run"))
     assert list(problems) == ["storage on gs://"]
     assert f"DATA_DIR={config.data_dir!r}" in problems["storage on gs://"]
     assert "model_dir=" not in problems["storage on gs://"].split("is not on gs://")[0]

@@ -39,6 +39,7 @@ def test_dry_run_for_a_pod_installs_everywhere_and_trains_on_worker_0():
     train = next(command for command in commands if "train.py" in command)
     assert "--worker=0" in train and "--worker=all" not in train
     assert "export TPU_LOAD_LIBRARY=0 && " in train and "TPU=" in train and "my-pod" in train
+    assert "experiment.tpu_zone=" in train and "us-central1-a" in train  # The buckets' region is checked.
     assert commands[-1] == "gcloud compute tpus tpu-vm delete my-pod --zone us-central1-a --quiet"
 
 

@@ -35,6 +35,7 @@ class ExperimentConfig:
     clip_global_norm: float | None = None  # Clip the replica-summed gradients to this global norm; None = off.
     eval_batch_size: int | None = None  # Global eval batch; None = global_batch_size.
     checkpoints_to_keep: int = 3
+    tpu_zone: str | None = None  # e.g. 'us-central1-b': gs:// buckets must be in its region (checked at start).
     target_replicas: int = 0  # Replicas the config is written for (TPU configs: 8 on a v3-8); 0 = not declared.
     startup_timeout_seconds: int = 300  # Waiting for the other workers of TF_CONFIG (or a TPU) before giving up.
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import is_multi_worker
-from training.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from training.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
 from training.export import export_saved_model
 from training.run_directory import RunDirectory
 from training.trainer import Trainer
@@ -51,10 +51,28 @@ class Controller:
                 else tf.summary.create_noop_writer()
         return self._writers[name]
 
+    def _write_summaries(self, name: str, step: int, values: dict) -> None:
+        """TensorBoard scalars under model_dir/<name>. Best effort: if the storage fails (e.g. GCS unreachable), warn
+        and go on; checkpoints and metrics.json are what a run cannot lose, and they raise StorageError."""
+        try:
+            with self._writer(name).as_default(step=step):
+                for tag, value in values.items():
+                    tf.summary.scalar(tag, value)
+        except tf.errors.OpError as error:
+            log.warning("TensorBoard events for %s/ at step %d not written (%s); training goes on.", name, step,
+                        " ".join(error.message.split())[:200])
+
     def _save(self, step: int) -> None:
-        if step != self._saved_step:
+        if step == self._saved_step:
+            return
+        try:
             self.manager.save(checkpoint_number=step)
-            self._saved_step = step
+        except tf.errors.OpError as error:  # e.g. GCS unreachable: the checkpoint index still names the last good one.
+            raise StorageError(f"Saving the checkpoint of step {step} to {self.manager.directory} failed "
+                               f"({type(error).__name__}: {' '.join(error.message.split())[:300]}). The previous "
+                               f"checkpoint ({self.manager.latest_checkpoint or 'none'}) is intact: rerun the same "
+                               "command to resume from it once the storage is reachable.") from error
+        self._saved_step = step
 
     def _latest_checkpoint(self) -> str | None:
         return tf.train.latest_checkpoint(self.run_dir.checkpoint_dir)  # The chief's, which every worker resumes.
@@ -111,9 +129,7 @@ class Controller:
         evaluation = self.trainer.evaluate()
         step = self.trainer.step
         log.info("eval step %d | %s | %.1f s", step, _format(evaluation), time.perf_counter() - started)
-        with self._writer("eval").as_default(step=step):
-            for name, value in evaluation.items():
-                tf.summary.scalar(name, value)
+        self._write_summaries("eval", step, evaluation)
         if not self._train_metrics:  # --mode=eval, or nothing left to train: keep the recorded training figures.
             self._train_metrics = (self.run_dir.read_json("metrics.json") or {}).get("train", {})
         self.run_dir.write_metrics(step, self._train_metrics, evaluation)
@@ -152,10 +168,7 @@ class Controller:
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
         log.info("step %*d/%d | %s | lr %.4g", len(str(config.train_steps)), step, config.train_steps,
                  _format(metrics), learning_rate)
-        with self._writer("train").as_default(step=step):
-            for name, value in metrics.items():
-                tf.summary.scalar(name, value)
-            tf.summary.scalar("learning_rate", learning_rate)
+        self._write_summaries("train", step, {**metrics, "learning_rate": learning_rate})
         self._train_metrics = {key: value for key, value in metrics.items() if key != "examples_per_second"}
 
     @contextlib.contextmanager

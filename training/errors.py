@@ -29,3 +29,12 @@ class TrainingInterrupted(RuntimeError):
     """SIGTERM or SIGINT arrived; a checkpoint at the last completed loop was saved (exit code 3)."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class StorageError(RuntimeError):
+    """Writing to model_dir failed mid-run (e.g. GCS unreachable); earlier checkpoints are intact (exit code 1).
+
+    Not one of the contract's codes: it is neither the config's fault nor an interruption the run planned for.
+    """
+
+    exit_code = 1

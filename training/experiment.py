@@ -11,6 +11,7 @@ import gin
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
 from training.config import ExperimentConfig
+from training.gcs_preflight import check_gcs_paths
 from training.controller import Controller
 from training.run_directory import RunDirectory
 from training.trainer import Trainer
@@ -26,6 +27,8 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     `command` (the exact command line) is recorded in model_dir/command.txt.
     """
     config = experiment()  # All fields come from gin (configs/base.gin binds them to the contract's macros).
+    # Buckets first: a missing or read-only bucket must not cost a TPU start-up or a training loop.
+    check_gcs_paths({"DATA_DIR": config.data_dir, "model_dir": model_dir}, tpu_zone=config.tpu_zone)
     strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices, tpu=config.tpu,
                              startup_timeout_seconds=config.startup_timeout_seconds)
     log.info("Strategy %s with %d replica(s); model_dir %s", type(strategy).__name__, strategy.num_replicas_in_sync,

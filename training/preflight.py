@@ -7,6 +7,7 @@ devices it builds the real input pipelines and model, then checks:
   recompile instead);
 - on a pod slice (TPU set to a name), DATA_DIR and model_dir are on gs:// (the input pipeline runs on every host's
   CPU and checkpoints are written by the TPU hosts: local paths exist on worker 0 only);
+- gs:// buckets exist, are writable and in the TPU's region (training/gcs_preflight.py);
 - the train step of one replica compiles with XLA (compile only, nothing runs): strings, py_function and other ops
   a TPU cannot run fail here instead of on the TPU.
 It prints one line per check and every problem found, not just the first.
@@ -21,6 +22,7 @@ import tensorflow as tf
 from tpu_utils.strategy import configure_virtual_cpus, make_strategy
 from training.config import ExperimentConfig
 from training.errors import ConfigError
+from training.gcs_preflight import check_gcs_paths
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -42,9 +44,10 @@ def run_preflight(config: ExperimentConfig, model_dir: str) -> list[Check]:
     """Runs every check (see the module docstring); returns them, failed ones with their problem."""
     replicas = preflight_replicas(config)
     configure_virtual_cpus(replicas)
-    checks = [_check_divisibility(config, replicas), _check_storage(config, model_dir)]
-    if checks[0].problem:
-        return checks  # Nothing can be built for this replica count.
+    checks = [_check_divisibility(config, replicas), _check_storage(config, model_dir),
+              _check_buckets(config, model_dir)]
+    if checks[0].problem or checks[2].problem:
+        return checks  # Nothing can be built for this replica count, or the data's bucket is not usable.
     try:
         trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
         context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas)
@@ -89,9 +92,21 @@ def _check_storage(config: ExperimentConfig, model_dir: str) -> Check:
              if not str(value or "").startswith("gs://")]
     if local:
         return Check("storage on gs://", f"{', '.join(local)} is not on gs://: on a pod slice every host reads the "
-                                         "data and the TPU hosts write checkpoints, so both must be gs:// paths "
-                                         "(copy a prepared TFDS data_dir to a bucket; pass --model_dir=gs://...).")
+                     "data and the TPU hosts write checkpoints, so both must be gs:// paths (stage the data with "
+                     "`python -m data.stage --dataset=NAME --data_dir=gs://BUCKET/tensorflow_datasets`; pass "
+                     "--model_dir=gs://...).")
     return Check("storage on gs://")
+
+
+def _check_buckets(config: ExperimentConfig, model_dir: str) -> Check:
+    paths = {"DATA_DIR": config.data_dir, "model_dir": model_dir}
+    if not any(str(path or "").startswith("gs://") for path in paths.values()):
+        return Check("gs:// buckets", note="none used")
+    try:
+        check_gcs_paths(paths, tpu_zone=config.tpu_zone)
+    except ConfigError as error:
+        return Check("gs:// buckets exist and are writable", str(error))
+    return Check("gs:// buckets exist and are writable")
 
 
 def _check_static_shapes(specs: dict) -> Check:

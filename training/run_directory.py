@@ -18,7 +18,7 @@ import tempfile
 
 import tensorflow as tf
 
-from training.errors import ConfigError
+from training.errors import ConfigError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,16 @@ class RunDirectory:
     def write_text(self, name: str, text: str) -> None:
         if not self.is_chief:
             return
-        tf.io.gfile.makedirs(self.model_dir)
         temporary = self.path(f".{name}.tmp")
-        with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write(text)
-        tf.io.gfile.rename(temporary, self.path(name), overwrite=True)  # Readers never see a half-written file.
+        try:
+            tf.io.gfile.makedirs(self.model_dir)
+            with tf.io.gfile.GFile(temporary, "w") as handle:
+                handle.write(text)
+            tf.io.gfile.rename(temporary, self.path(name), overwrite=True)  # Readers never see a half-written file.
+        except tf.errors.OpError as error:
+            raise StorageError(f"Writing {self.path(name)} failed ({type(error).__name__}: "
+                               f"{' '.join(error.message.split())[:300]}). Checkpoints written before are intact: "
+                               "rerun the same command to resume once the storage is reachable.") from error
 
     def read_json(self, name: str) -> dict | None:
         if not tf.io.gfile.exists(self.path(name)):

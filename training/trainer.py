@@ -76,8 +76,8 @@ class Trainer:
 
     def train_input_fn(self):
         """input_fn(InputContext) -> per-replica training batches, positioned at the current step (exact resume)."""
-        return pipeline.make_train_input_fn(self.dataset_spec, self.data, global_batch_size=self.config.global_batch_size,
-                                            seed=self.config.seed, start_step=self.step)
+        return pipeline.make_train_input_fn(self.dataset_spec, self.data, seed=self.config.seed, start_step=self.step,
+                                            global_batch_size=self.config.global_batch_size)
 
     def train_iterator(self):
         """A distributed iterator over the training data, positioned at the current step."""

@@ -1,0 +1,68 @@
+"""Stage a TFDS dataset into a data_dir, typically on GCS, so TPU hosts can read it:
+
+  python -m data.stage --dataset=digits --data_dir=gs://BUCKET/tensorflow_datasets
+  python -m data.stage --dataset=cifar10 --data_dir=gs://BUCKET/tensorflow_datasets   # any DATASET name
+  python -m data.stage --dataset=tfds:fashion_mnist --data_dir=gs://BUCKET/tensorflow_datasets  # any TFDS name
+
+Builds the dataset (TFDS `download_and_prepare`) straight into `data_dir`; the bundled digits builder needs no
+network, registered TFDS datasets download from their source first. Idempotent: when the dataset is already
+prepared there, it says so and does nothing. The bucket is checked first (exists, writable: exit 2 otherwise).
+Then pass the same path as DATA_DIR.
+"""
+
+import argparse
+import logging
+import sys
+
+
+def stage(dataset: str, data_dir: str) -> bool:
+    """Prepares `dataset` in `data_dir`; returns False when it was already there (nothing done)."""
+    import tensorflow_datasets as tfds
+
+    from data.pipeline import load_builder
+    from data.registry import get_dataset_spec
+    from training.gcs_preflight import check_gcs_paths
+
+    check_gcs_paths({"--data_dir": data_dir})
+    if dataset.startswith("tfds:"):
+        builder = tfds.builder(dataset[len("tfds:"):], data_dir=data_dir)
+        if builder.is_prepared():
+            return False
+        builder.download_and_prepare()
+        return True
+    spec = get_dataset_spec(dataset)
+    already = _is_prepared(spec, data_dir)
+    load_builder(spec, data_dir)  # Prepares it unless it is there.
+    return not already
+
+
+def _is_prepared(spec, data_dir: str) -> bool:
+    import importlib
+
+    import tensorflow_datasets as tfds
+
+    if spec.module:
+        importlib.import_module(spec.module)
+    return tfds.builder(spec.tfds_name, data_dir=data_dir).is_prepared()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="a DATASET name (data/registry.py) or tfds:<TFDS name>")
+    parser.add_argument("--data_dir", required=True, help="TFDS data_dir to build into, e.g. gs://BUCKET/tfds")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
+    from training.errors import ConfigError
+
+    try:
+        built = stage(args.dataset, args.data_dir)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+    print(f"{args.dataset}: {'built into' if built else 'already staged in'} {args.data_dir}"
+          f"{'' if built else ' (nothing to do)'}. Use DATA_DIR='{args.data_dir}'.", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

