@@ -112,3 +112,22 @@ def test_negative_control_keras_alone_applies_another_replicas_overflow(small_co
     trainer = holder["trainer"] = _float16_trainer(small_config, 2)
     trainer.train(trainer.train_iterator(), 1)
     assert not all(np.all(np.isfinite(copy)) for copies in _copies(trainer) for copy in copies)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet"])
+def test_every_model_keeps_logits_float32_under_mixed_bfloat16(name, small_config):
+    """What the TPU configs rely on: bfloat16 compute, float32 weights and logits, and no loss scaling."""
+    import keras
+
+    from models.registry import MODELS
+
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = MODELS[name]((32, 32, 3), 10)
+        compute = {layer.compute_dtype for layer in model.layers if layer.weights and layer.name != "logits"}
+        assert compute == {"bfloat16"}, compute
+        assert model.output.dtype == "float32" and all(weight.dtype == "float32" for weight in model.weights)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    trainer = Trainer(small_config(model=name, precision="mixed_bfloat16"), make_strategy("default"))
+    assert not isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)

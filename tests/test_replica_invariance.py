@@ -25,13 +25,22 @@ def _config(small_config, model, optimizer):
     # BatchNormalization cancel to ~1e-10) into ~1e-4 weight differences with the default epsilon 1e-7: numerics,
     # not a bug. epsilon 1e-3 damps that, and makes Adam more, not less, sensitive to a factor-of-R gradient error.
     gin.bind_parameter("adam.epsilon", 1e-3)
+    # The smallest ResNet (one block per stage, 9 BatchNormalization layers): the same block code as ResNet-20/50.
+    # Tracing synchronized BN at 8 replicas walks the graph once per BN all-reduce gradient, which at depth 20
+    # takes many minutes on CPU.
+    gin.bind_parameter("resnet.depth", 8)
     # A clip norm below the gradient norm of the first steps, so clipping is active (checked below).
     return small_config(model=model, optimizer=optimizer, learning_rate=0.05, clip_global_norm=0.5)
 
 
+# Every model with SGD and Adam, except ResNet with Adam: its 8-replica trace alone takes ~2 minutes on 2 cores, and
+# the Adam path is the same code as for the other models.
+MODEL_OPTIMIZERS = [(model, optimizer) for model in sorted(MODELS) for optimizer in ("sgd", "adam")
+                    if (model, optimizer) != ("resnet", "adam")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("model, optimizer", MODEL_OPTIMIZERS)
 def test_weights_match_across_replica_counts(small_config, model, optimizer):
     runs = replica_invariance.measure(_config(small_config, model, optimizer), REPLICAS, steps=STEPS)
     passed, table = replica_invariance.report(runs)
