@@ -93,3 +93,15 @@ def test_tpu_requirements_pin_one_tensorflow_matching_ci():
     assert any(line.startswith("libtpu==") for line in tpu)  # Explicit, not whatever libtpu~=0.0.14 resolves to.
     assert not [line for line in tpu if line.split("==")[0].split("[")[0] in ("tensorflow", "tensorflow-cpu")]
     assert "-r requirements-common.txt" in tpu
+
+
+def test_local_paths_under_a_tpu_strategy_do_their_io_on_this_host():
+    import tensorflow as tf
+
+    from tpu_utils.strategy import io_device_for
+
+    # An uninitialised TPUStrategy object stands in for one (none can be built without a TPU): only its type matters.
+    tpu_strategy = object.__new__(tf.distribute.TPUStrategy)
+    assert io_device_for(tpu_strategy, "/home/me/runs/c10") == "/job:localhost"
+    assert io_device_for(tpu_strategy, "gs://bucket/runs/c10") is None
+    assert io_device_for(tf.distribute.get_strategy(), "/home/me/runs/c10") is None

@@ -15,7 +15,7 @@ import time
 import tensorflow as tf
 
 from tpu_utils.loop import make_any_worker, replica_disagreement
-from tpu_utils.strategy import is_multi_worker
+from tpu_utils.strategy import io_device_for, is_multi_worker
 from training.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
 from training.export import export_saved_model
 from training.run_directory import RunDirectory
@@ -37,6 +37,8 @@ class Controller:
         self.manager = tf.train.CheckpointManager(trainer.checkpoint, run_dir.checkpoint_write_dir,
                                                   max_to_keep=self.config.checkpoints_to_keep,
                                                   step_counter=trainer.global_step)
+        self._checkpoint_options = tf.train.CheckpointOptions(
+            experimental_io_device=io_device_for(trainer.strategy, run_dir.checkpoint_write_dir))
         self._stop_signal = None
         # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
         self._any_worker = make_any_worker(trainer.strategy) if is_multi_worker(trainer.strategy) else bool
@@ -66,7 +68,7 @@ class Controller:
         if step == self._saved_step:
             return
         try:
-            self.manager.save(checkpoint_number=step)
+            self.manager.save(checkpoint_number=step, options=self._checkpoint_options)
         except tf.errors.OpError as error:  # e.g. GCS unreachable: the checkpoint index still names the last good one.
             raise StorageError(f"Saving the checkpoint of step {step} to {self.manager.directory} failed "
                                f"({type(error).__name__}: {' '.join(error.message.split())[:300]}). The previous "
@@ -137,7 +139,8 @@ class Controller:
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        export_saved_model(self.trainer.model, self.trainer.dataset_spec, path)
+        export_saved_model(self.trainer.model, self.trainer.dataset_spec, path,
+                           io_device=io_device_for(self.trainer.strategy, path))
         if self.run_dir.is_chief:
             log.info("Exported SavedModel to %s", path)
         return path

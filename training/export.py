@@ -23,10 +23,11 @@ class _ServingModule(tf.Module):
                 "classes": tf.argmax(logits, axis=-1, output_type=tf.int32)}
 
 
-def export_saved_model(model: keras.Model, spec: DatasetSpec, export_dir: str) -> str:
-    """Writes the SavedModel to `export_dir` (local or gs://) and returns it."""
+def export_saved_model(model: keras.Model, spec: DatasetSpec, export_dir: str, *, io_device: str | None = None) -> str:
+    """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions."""
     module = _ServingModule(model, spec)
     signature = tf.function(module.serve, input_signature=[
         tf.TensorSpec([None, *spec.image_shape], tf.uint8, name="images")])
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": signature})
+    tf.saved_model.save(module, export_dir, signatures={"serving_default": signature},
+                        options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
     return export_dir

@@ -11,6 +11,7 @@ from data import pipeline
 from data.registry import get_dataset_spec
 from models.registry import get_model_builder
 from tpu_utils import loop
+from tpu_utils.strategy import io_device_for
 from training import step
 from training.config import ExperimentConfig
 from training.losses import get_loss
@@ -65,7 +66,8 @@ class Trainer:
         Keras 3 keeps a constant learning rate in an optimizer variable, which the checkpoint would otherwise
         overwrite: a resumed run with a new LEARNING_RATE would silently keep the old one. Schedules are not saved.
         """
-        self.checkpoint.restore(checkpoint_path).assert_existing_objects_matched()
+        options = tf.train.CheckpointOptions(experimental_io_device=io_device_for(self.strategy, checkpoint_path))
+        self.checkpoint.restore(checkpoint_path, options=options).assert_existing_objects_matched()
         if self.config.lr_schedule == "constant":
             self.optimizer.learning_rate = self.config.learning_rate
 
