@@ -1,7 +1,7 @@
 # Shortcuts for the commands in README.md. `make help` lists them.
 PYTHON ?= .venv/bin/python
 
-.PHONY: help install train test test-fast check-invariance
+.PHONY: help install train test test-fast check-invariance preflight-tpu train-two-workers
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -20,3 +20,10 @@ test-fast:  ## Everything but the tests marked slow.
 
 check-invariance:  ## Replica-invariance check of the default config at 1, 2, 4 and 8 replicas.
 	$(PYTHON) -m training.replica_invariance --gin_file=configs/default.gin
+
+preflight-tpu:  ## Check every TPU config on this CPU (set BUCKET=gs://... for their DATA_DIR and model_dir).
+	@for config in configs/tpu/*_v*.gin; do echo "== $$config"; $(PYTHON) train.py --gin_file=$$config --preflight \
+	  --gin_param="DATA_DIR='$(BUCKET)/tensorflow_datasets'" --model_dir=$(BUCKET)/runs/preflight || exit $$?; done
+
+train-two-workers:  ## The digits MLP on two local worker processes (MultiWorkerMirroredStrategy).
+	$(PYTHON) -m tpu_utils.launch_local --workers 2 -- --gin_file=configs/experiments/digits_mlp.gin --model_dir=runs/two_workers

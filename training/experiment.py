@@ -11,8 +11,8 @@ import gin
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
 from training.config import ExperimentConfig
-from training.gcs_preflight import check_gcs_paths
 from training.controller import Controller
+from training.gcs_preflight import check_gcs_paths
 from training.run_directory import RunDirectory
 from training.trainer import Trainer
 
