@@ -29,18 +29,31 @@ from training.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def find_builder(tfds_name: str, data_dir: str | None, *,
+                 module: str | None = None) -> tfds.core.DatasetBuilder:
+    """The TFDS builder of `tfds_name` in `data_dir` (prepared or not); `module` registers a bundled builder."""
+    if module:
+        importlib.import_module(module)
+    try:
+        return tfds.builder(tfds_name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as error:
+        raise ConfigError(f"TFDS has no dataset {tfds_name!r} ({error}).") from error
+
+
+def prepare(builder: tfds.core.DatasetBuilder) -> bool:
+    """Builds the dataset into its data_dir unless it is there already; returns whether it built anything."""
+    if builder.is_prepared():
+        return False
+    log.info("Preparing TFDS dataset %r in %s (once).", builder.name, builder.data_dir)
+    tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
+    builder.download_and_prepare()
+    return True
+
+
 def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:
     """The TFDS builder for `spec`, built into `data_dir` first if it is not there yet (offline for bundled data)."""
-    if spec.module:
-        importlib.import_module(spec.module)  # Registers the bundled builder with TFDS.
-    try:
-        builder = tfds.builder(spec.tfds_name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as error:
-        raise ConfigError(f"TFDS has no dataset {spec.tfds_name!r} ({error}).") from error
-    if not builder.is_prepared():
-        log.info("Preparing TFDS dataset %r in %s (once).", spec.tfds_name, builder.data_dir)
-        tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
-        builder.download_and_prepare()
+    builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
+    prepare(builder)
     return builder
 
 

@@ -17,33 +17,15 @@ import sys
 
 def stage(dataset: str, data_dir: str) -> bool:
     """Prepares `dataset` in `data_dir`; returns False when it was already there (nothing done)."""
-    import tensorflow_datasets as tfds
-
-    from data.pipeline import load_builder
+    from data.pipeline import find_builder, prepare
     from data.registry import get_dataset_spec
     from training.gcs_preflight import check_gcs_paths
 
     check_gcs_paths({"--data_dir": data_dir})
     if dataset.startswith("tfds:"):
-        builder = tfds.builder(dataset[len("tfds:"):], data_dir=data_dir)
-        if builder.is_prepared():
-            return False
-        builder.download_and_prepare()
-        return True
+        return prepare(find_builder(dataset[len("tfds:"):], data_dir))
     spec = get_dataset_spec(dataset)
-    already = _is_prepared(spec, data_dir)
-    load_builder(spec, data_dir)  # Prepares it unless it is there.
-    return not already
-
-
-def _is_prepared(spec, data_dir: str) -> bool:
-    import importlib
-
-    import tensorflow_datasets as tfds
-
-    if spec.module:
-        importlib.import_module(spec.module)
-    return tfds.builder(spec.tfds_name, data_dir=data_dir).is_prepared()
+    return prepare(find_builder(spec.tfds_name, data_dir, module=spec.module))
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,8 @@ Convolutions have no bias (BatchNormalization follows); the last BN of each resi
 import gin
 import keras
 
+from training.errors import ConfigError
+
 _BOTTLENECK_STAGES = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 
 
@@ -18,7 +20,7 @@ def resnet(input_shape, num_classes, *, depth=20, dropout_rate=0.0, synchronized
            batch_norm_momentum=0.9, kernel_l2=0.0) -> keras.Model:
     """A ResNet of `depth` layers (see the module docstring for the allowed depths)."""
     if depth not in _BOTTLENECK_STAGES and (depth - 2) % 6:
-        raise ValueError(f"resnet.depth={depth}: use 6n + 2 (20, 32, 44, 56, 110) for 32x32 images or one of "
+        raise ConfigError(f"resnet.depth={depth}: use 6n + 2 (20, 32, 44, 56, 110) for 32x32 images or one of "
                          f"{sorted(_BOTTLENECK_STAGES)} for ImageNet-sized images.")
     layers = _Layers(synchronized_batch_norm, batch_norm_momentum, kernel_l2)
     inputs = keras.Input(shape=input_shape, name="image")

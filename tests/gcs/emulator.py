@@ -9,6 +9,7 @@ backend), so `restart_server()` brings back every object written before (the "se
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,7 @@ class GcsEmulator:
 
         def listening():
             try:
-                with __import__("socket").create_connection(("127.0.0.1", self.server_port), timeout=0.2):
+                with socket.create_connection(("127.0.0.1", self.server_port), timeout=0.2):
                     return True
             except OSError:
                 return False
