@@ -9,13 +9,16 @@ Training data order is a pure function of (SEED, global step), the same for any 
 - each input pipeline keeps every P-th position (P = number of pipelines, i.e. hosts), so the union of one step's
   per-replica batches is the same G examples whatever the replica or host count;
 - augmentation is stateless, seeded by (SEED, position).
-Random access needs the encoded split in host memory: right for the datasets shipped here (up to ~150 MB);
-ImageNet-scale data needs a random-access source (TFDS array_record) instead.
+Random access needs the encoded split in host memory: right for splits under 1 GiB (the shipped small datasets
+take up to ~150 MB). Larger ones (ImageNet) are read by shard file instead, with an order that is a function of
+(SEED, step, host count): data/shard_stream.py.
 
 Evaluation covers every example of the eval split exactly once: the split is padded with masked-out examples to a
-whole number of global batches, so every per-replica batch has the same static shape (what TPUs need).
+whole number of global batches, so every per-replica batch has the same static shape (what TPUs need). Each input
+pipeline (host) reads only its own contiguous 1/P of the split (TFDS split slicing reads only those files).
 """
 
+import functools
 import importlib
 import logging
 import math
@@ -23,10 +26,13 @@ import math
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from data import shard_stream
 from data.registry import DatasetSpec
 from training.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+IN_MEMORY_LIMIT_BYTES = 1 << 30  # Larger train splits are read by shard file (see DatasetSpec.read_by_shard).
 
 
 def find_builder(tfds_name: str, data_dir: str | None, *,
@@ -40,13 +46,20 @@ def find_builder(tfds_name: str, data_dir: str | None, *,
         raise ConfigError(f"TFDS has no dataset {tfds_name!r} ({error}).") from error
 
 
-def prepare(builder: tfds.core.DatasetBuilder) -> bool:
-    """Builds the dataset into its data_dir unless it is there already; returns whether it built anything."""
+def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.DownloadConfig | None = None) -> bool:
+    """Builds the dataset into its data_dir unless it is there already; returns whether it built anything.
+    `download_config` carries e.g. manual_dir for datasets without a download (ImageNet)."""
     if builder.is_prepared():
         return False
     log.info("Preparing TFDS dataset %r in %s (once).", builder.name, builder.data_dir)
     tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
-    builder.download_and_prepare()
+    try:
+        builder.download_and_prepare(download_config=download_config)
+    except AssertionError as error:  # How TFDS builders report missing manual downloads (ImageNet).
+        instructions = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or ""
+        raise ConfigError(f"Cannot prepare {builder.name!r} in {builder.data_dir_root}: {error}\n"
+                          f"{instructions.strip()}\nThen stage it: python -m data.stage --dataset=DATASET "
+                          f"--manual_dir=DIR --data_dir={builder.data_dir_root}") from error
     return True
 
 
@@ -55,6 +68,15 @@ def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBu
     builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
     prepare(builder)
     return builder
+
+
+def reads_by_shard(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> bool:
+    """Whether the train split is read by shard file (data/shard_stream.py) rather than held in memory."""
+    if spec.read_by_shard is not None:
+        return spec.read_by_shard
+    if spec.train_split not in builder.info.splits:
+        return False  # No metadata (TFDS's mock data): nothing large.
+    return builder.info.splits[spec.train_split].num_bytes > IN_MEMORY_LIMIT_BYTES
 
 
 def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
@@ -69,6 +91,10 @@ def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
 def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int, seed: int,
                         start_step: int):
     """Returns input_fn(InputContext) -> dataset of (image, label) per-replica batches, starting at `start_step`."""
+    if reads_by_shard(spec, builder):
+        shard_stream.check_readable(builder, spec.train_split)
+        return functools.partial(shard_stream.make_train_dataset, spec, builder, global_batch_size=global_batch_size,
+                                 seed=seed, start_step=start_step)
     num_examples = split_size(builder, spec.train_split)
     if num_examples < global_batch_size:
         raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {num_examples} examples of "
@@ -84,9 +110,8 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
             epoch, index = position // num_examples, position % num_examples
             shuffled = tf.random.experimental.index_shuffle(index, seed=tf.stack([seed_tensor, epoch]),
                                                             max_index=num_examples - 1)
-            image = _decode_and_preprocess(spec, builder, tf.gather(encoded["image"], shuffled))
-            if spec.augment is not None:
-                image = spec.augment(image, tf.stack([seed_tensor, position]))
+            image = spec.model_input(tf.gather(encoded["image"], shuffled), builder.info.features["image"],
+                                     seed=tf.stack([seed_tensor, position]))
             return image, tf.gather(encoded["label"], shuffled)
 
         per_replica = context.get_per_replica_batch_size(global_batch_size)
@@ -111,18 +136,20 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         def decode(example):
-            image = _decode_and_preprocess(spec, builder, example["image"])
-            return image, example["label"], tf.constant(1.0)
+            return spec.model_input(example["image"], builder.info.features["image"]), example["label"], 1.0
 
-        real = _encoded_split(builder, spec.eval_split).map(decode, num_parallel_calls=tf.data.AUTOTUNE,
-                                                                   deterministic=True)
+        pipelines, pipeline_id = context.num_input_pipelines, context.input_pipeline_id
+        split = spec.eval_split
+        if pipelines > 1:  # This pipeline's contiguous part; every part is padded to the same length.
+            split = f"{split}[{pipeline_id * num_examples // pipelines}:{(pipeline_id + 1) * num_examples // pipelines}]"
+        part_size = (pipeline_id + 1) * num_examples // pipelines - pipeline_id * num_examples // pipelines
+        real = _encoded_split(builder, split).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         image_spec, label_spec, _ = real.element_spec
         padding = tf.data.Dataset.from_tensors((tf.zeros(image_spec.shape, image_spec.dtype),
                                                 tf.zeros(label_spec.shape, label_spec.dtype),
-                                                tf.constant(0.0))).repeat(padded_size - num_examples)
+                                                tf.constant(0.0))).repeat(padded_size // pipelines - part_size)
         per_replica = context.get_per_replica_batch_size(global_batch_size)
         return (real.concatenate(padding)
-                .shard(context.num_input_pipelines, context.input_pipeline_id)
                 .batch(per_replica, drop_remainder=True)
                 .prefetch(tf.data.AUTOTUNE))
 
@@ -134,8 +161,3 @@ def _encoded_split(builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dat
     dataset = builder.as_dataset(split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()},
                                  read_config=tfds.ReadConfig(interleave_cycle_length=1, add_tfds_id=False))
     return dataset.map(lambda example: {"image": example["image"], "label": example["label"]})
-
-
-def _decode_and_preprocess(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, encoded: tf.Tensor) -> tf.Tensor:
-    image = builder.info.features["image"].decode_example(encoded)
-    return tf.ensure_shape(spec.preprocess(image), spec.image_shape)  # Static shapes: TPUs need them.

@@ -9,7 +9,9 @@ import dataclasses
 from collections.abc import Callable
 
 import tensorflow as tf
+import tensorflow_datasets as tfds
 
+from data import imagenet
 from training.errors import ConfigError
 
 
@@ -29,11 +31,35 @@ class DatasetSpec:
     # so the data order and content are the same for a given SEED and step, across replica counts and resumes.
     augment: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None
     module: str | None = None  # Module to import so TFDS registers the builder (bundled builders only).
+    # Optional decoders from the encoded image (e.g. JPEG bytes) straight to `image_shape` raw pixels, for datasets
+    # whose images vary in size: (encoded, stateless seed) -> image for training, (encoded) -> image for eval.
+    # None: TFDS's own decoding (the stored images already have `image_shape`). A spec with both a train_decoder
+    # and augment gets the same seed in both: derive independent ones with stateless_split.
+    train_decoder: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None
+    eval_decoder: Callable[[tf.Tensor], tf.Tensor] | None = None
+    # Train order: None = in host memory when the encoded split is under 1 GiB, else read by shard file
+    # (data/shard_stream.py); True/False force one. Large datasets should say True.
+    read_by_shard: bool | None = None
 
     def preprocess(self, images: tf.Tensor) -> tf.Tensor:
         """Raw images (any int dtype, [..., H, W, C]) -> standardised float32; one image or a batch."""
         images = tf.cast(images, tf.float32) / self.max_pixel_value
         return (images - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
+
+    def model_input(self, encoded: tf.Tensor, image_feature: tfds.features.Image, *,
+                    seed: tf.Tensor | None = None) -> tf.Tensor:
+        """One encoded image -> the model's input: decoded, preprocessed, and for training (`seed` given)
+        augmented; always exactly `image_shape` (static shapes: TPUs need them)."""
+        if seed is not None and self.train_decoder is not None:
+            image = self.train_decoder(encoded, seed)
+        elif self.eval_decoder is not None:
+            image = self.eval_decoder(encoded)
+        else:
+            image = image_feature.decode_example(encoded)
+        image = self.preprocess(image)
+        if seed is not None and self.augment is not None:
+            image = self.augment(image, seed)
+        return tf.ensure_shape(image, self.image_shape)
 
 
 def _flip_and_crop_32(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
@@ -56,6 +82,14 @@ DATASETS: dict[str, DatasetSpec] = {
     "cifar10": DatasetSpec(tfds_name="cifar10", train_split="train", eval_split="test", num_classes=10,
                            image_shape=(32, 32, 3), max_pixel_value=255.0, mean=(0.4914, 0.4822, 0.4465),
                            std=(0.2470, 0.2435, 0.2616), augment=_flip_and_crop_32),
+    # ILSVRC 2012 (1,281,167 train / 50,000 validation images, 1,000 classes): no download exists; stage it from the
+    # two tar files of image-net.org with `python -m data.stage --dataset=imagenet2012 --manual_dir=...`. Read by
+    # shard file (~140 GB); JPEGs decoded to 224 x 224 crops (data/imagenet.py). Serving takes 224 x 224 images.
+    "imagenet2012": DatasetSpec(tfds_name="imagenet2012", train_split="train", eval_split="validation",
+                                num_classes=1000, image_shape=(imagenet.IMAGE_SIZE, imagenet.IMAGE_SIZE, 3),
+                                max_pixel_value=255.0, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+                                train_decoder=imagenet.train_decoder, eval_decoder=imagenet.eval_decoder,
+                                read_by_shard=True),
 }
 
 

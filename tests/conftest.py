@@ -70,6 +70,17 @@ def data_dir() -> str:
     return os.environ["TFDS_DATA_DIR"]
 
 
+@pytest.fixture(scope="session")
+def fake_imagenet(tmp_path_factory):
+    """(data_dir, builder): TFDS's real imagenet2012 builder run on tiny fake tar files (tests/fake_imagenet.py):
+    60 train images in 4 shard files, 20 validation images; built once per session (~1 s)."""
+    from tests.fake_imagenet import prepare_fake_imagenet
+
+    root = tmp_path_factory.mktemp("fake_imagenet")
+    builder = prepare_fake_imagenet(str(root / "tensorflow_datasets"), str(root / "manual"), num_shards=4)
+    return str(root / "tensorflow_datasets"), builder
+
+
 @pytest.fixture(autouse=True)
 def clean_gin():
     import gin

@@ -17,3 +17,12 @@ def run_module(module: str, *args: str, timeout: float = 300):
     """Runs `python -m MODULE ARGS` from the repository root; returns the CompletedProcess."""
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ))
+
+
+def checkpoint_values(model_dir: str) -> dict:
+    """{variable key: value} of the latest checkpoint under model_dir/checkpoints (weights, slots, step)."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
+    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
+            if not key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH") and "save_counter" not in key}

@@ -1,7 +1,8 @@
 """`train.py --preflight`: TPU configs checked on CPU at their replica count (virtual devices), exit 0 or 5.
 
-Every shipped TPU config must pass, with its gs:// paths pointed at a test bucket (nothing is read from it: TFDS's
-mock data stands in for the download-only datasets). Deliberately broken configs must each fail with a message
+Every shipped TPU config must pass, with its gs:// paths pointed at a test bucket: TFDS's mock data stands in for the
+download-only datasets (MNIST, CIFAR-10); the ImageNet configs read a fake ImageNet staged into the bucket with
+`python -m data.stage` (TFDS's real imagenet2012 builder on tiny tar files: tests/fake_imagenet.py). Deliberately broken configs must each fail with a message
 that names the problem: a dynamic-shape input, a string op in the model, a global batch that does not divide by
 the replica count, a local DATA_DIR for a pod slice.
 """
@@ -17,7 +18,7 @@ import tensorflow as tf
 
 from data import pipeline
 from models import registry as model_registry
-from tests.helpers import REPO_ROOT, run_train_py
+from tests.helpers import REPO_ROOT, run_module, run_train_py
 from training import preflight
 
 TPU_CONFIGS = sorted(path for path in glob.glob(os.path.join(REPO_ROOT, "configs", "tpu", "*.gin"))
@@ -36,11 +37,27 @@ def test_every_tpu_config_declares_its_replicas_and_bfloat16():
         assert "# Batch:" in text, f"{path}: the header must state per-replica batch and learning-rate scaling"
 
 
+@pytest.fixture(scope="module")
+def imagenet_bucket(gcs, tmp_path_factory) -> str:
+    """A bucket with the fake ImageNet staged into gs://BUCKET/tensorflow_datasets by data.stage."""
+    from tests.fake_imagenet import write_manual_dir
+
+    bucket = gcs.new_bucket()
+    manual = write_manual_dir(str(tmp_path_factory.mktemp("imagenet_tars")))
+    staged = run_module("data.stage", "--dataset=imagenet2012", f"--data_dir=gs://{bucket}/tensorflow_datasets",
+                        f"--manual_dir={manual}")
+    assert staged.returncode == 0, staged.stderr[-3000:]
+    return bucket
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", TPU_CONFIGS, ids=os.path.basename)
-def test_every_shipped_tpu_config_passes_the_preflight(path, gcs_bucket):
-    bucket = f"gs://{gcs_bucket}"  # On the loopback GCS server: the bucket check runs for real.
-    result = subprocess.run([sys.executable, "-c", MOCK_RUNNER, f"--gin_file={path}", "--preflight",
+def test_every_shipped_tpu_config_passes_the_preflight(path, request):
+    uses_imagenet = "configs/datasets/imagenet2012.gin" in open(path).read()
+    # On the loopback GCS server: the bucket check runs for real.
+    bucket = f"gs://{request.getfixturevalue('imagenet_bucket' if uses_imagenet else 'gcs_bucket')}"
+    runner = ["train.py"] if uses_imagenet else ["-c", MOCK_RUNNER]
+    result = subprocess.run([sys.executable, *runner, f"--gin_file={path}", "--preflight",
                              f"--gin_param=DATA_DIR='{bucket}/tensorflow_datasets'", f"--model_dir={bucket}/run"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

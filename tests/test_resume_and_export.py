@@ -9,19 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import run_train_py
+from helpers import checkpoint_values, run_train_py
 
 N = 20  # Steps per segment; STEPS_PER_LOOP = 5.
 COMMON = ["--gin_param=STRATEGY='mirrored'", "--gin_param=VIRTUAL_DEVICES=2", "--gin_param=STEPS_PER_LOOP=5",
           "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=EVAL_EVERY=10", "--gin_param=GLOBAL_BATCH_SIZE=32",
           "--gin_param=experiment.optimizer='adam'", "--gin_param=experiment.lr_schedule='constant'",
           "--gin_param=LEARNING_RATE=0.01"]
-
-
-def _checkpoint_values(model_dir: str) -> dict:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
-    return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
-            if not key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH") and "save_counter" not in key}
 
 
 @pytest.mark.slow
@@ -35,7 +29,7 @@ def test_n_steps_then_resume_then_n_more_equals_2n_uninterrupted(tmp_path, data_
     third = run_train_py(*COMMON, f"--gin_param=TRAIN_STEPS={2 * N}", f"--model_dir={straight}")
     assert third.returncode == 0, third.stderr
 
-    resumed, uninterrupted = _checkpoint_values(interrupted), _checkpoint_values(straight)
+    resumed, uninterrupted = checkpoint_values(interrupted), checkpoint_values(straight)
     assert resumed.keys() == uninterrupted.keys() and len(resumed) > 10  # Model weights and Adam slots.
     for key in resumed:
         np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)  # Bit for bit on CPU.

@@ -1,0 +1,56 @@
+"""A tiny stand-in for ImageNet's manual download, so TFDS's real imagenet2012 builder can run here.
+
+ImageNet cannot be downloaded (registration, ~150 GB). `write_manual_dir` writes the two tar files TFDS's builder
+reads, in their real layout: ILSVRC2012_img_train.tar holds one tar per class (n01440764.tar, ...) of JPEGs named
+<class>_<n>.JPEG; ILSVRC2012_img_val.tar holds ILSVRC2012_val_<8 digits>.JPEG, labelled by TFDS's own
+validation_labels.txt in file-name order. The JPEGs are random noise of varied sizes and aspect ratios, so the
+crops, resizes and static shapes of data/imagenet.py are exercised; nothing here is learnable.
+"""
+
+import io
+import os
+import tarfile
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+
+def _jpeg(rng: np.random.Generator) -> bytes:
+    height, width = int(rng.integers(40, 120)), int(rng.integers(40, 120))
+    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    return tf.io.encode_jpeg(pixels, quality=80).numpy()
+
+
+def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    archive.addfile(info, io.BytesIO(data))
+
+
+def write_manual_dir(path: str, *, classes: int = 6, per_class: int = 10, validation: int = 20,
+                     seed: int = 0) -> str:
+    """Writes ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar into `path`; returns `path`."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(path, exist_ok=True)
+    synsets = tfds.core.tfds_path("datasets/imagenet2012/labels.txt").read_text().split()[:classes]
+    with tarfile.open(os.path.join(path, "ILSVRC2012_img_train.tar"), "w") as train:
+        for synset in synsets:
+            inner = io.BytesIO()
+            with tarfile.open(fileobj=inner, mode="w") as class_tar:
+                for index in range(per_class):
+                    _add(class_tar, f"{synset}_{index}.JPEG", _jpeg(rng))
+            _add(train, f"{synset}.tar", inner.getvalue())
+    with tarfile.open(os.path.join(path, "ILSVRC2012_img_val.tar"), "w") as val:
+        for index in range(1, validation + 1):
+            _add(val, f"ILSVRC2012_val_{index:08d}.JPEG", _jpeg(rng))
+    return path
+
+
+def prepare_fake_imagenet(data_dir: str, manual_dir: str, *, num_shards: int | None = None) -> tfds.core.DatasetBuilder:
+    """TFDS's real imagenet2012 builder run on the fake tar files, into `data_dir` (local or gs://)."""
+    write_manual_dir(manual_dir)
+    builder = tfds.builder("imagenet2012", data_dir=data_dir)
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir,
+                                                                                num_shards=num_shards))
+    return builder
