@@ -139,10 +139,10 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
             return spec.model_input(example["image"], builder.info.features["image"]), example["label"], 1.0
 
         pipelines, pipeline_id = context.num_input_pipelines, context.input_pipeline_id
-        split = spec.eval_split
-        if pipelines > 1:  # This pipeline's contiguous part; every part is padded to the same length.
-            split = f"{split}[{pipeline_id * num_examples // pipelines}:{(pipeline_id + 1) * num_examples // pipelines}]"
-        part_size = (pipeline_id + 1) * num_examples // pipelines - pipeline_id * num_examples // pipelines
+        # This pipeline's contiguous part of the split; every part is padded to the same length.
+        begin, end = pipeline_id * num_examples // pipelines, (pipeline_id + 1) * num_examples // pipelines
+        split = spec.eval_split if pipelines == 1 else f"{spec.eval_split}[{begin}:{end}]"
+        part_size = end - begin
         real = _encoded_split(builder, split).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         image_spec, label_spec, _ = real.element_spec
         padding = tf.data.Dataset.from_tensors((tf.zeros(image_spec.shape, image_spec.dtype),

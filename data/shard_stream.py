@@ -32,6 +32,7 @@ from training.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SHARDS_PER_BLOCK = 4  # ImageNet (1,024 train shards of ~1,250 images): ~5,000 examples mixed, ~560 MB in memory.
+BLOCKS_IN_FLIGHT = 3  # Blocks read ahead at once (each with one reader per file): ~1.7 GB of host memory for ImageNet.
 _READ_BUFFER_BYTES = 8 << 20
 
 
@@ -104,9 +105,9 @@ def shard_plan(builder: tfds.core.DatasetBuilder, split: str, *, seed: int,
                      num_pipelines=context.num_input_pipelines, pipeline_id=context.input_pipeline_id,
                      shards_per_block=min(SHARDS_PER_BLOCK, max(1, len(instructions) // context.num_input_pipelines)))
     if plan.num_blocks < plan.num_pipelines:
-        raise ConfigError(f"{builder.name}:{split} has {len(plan.paths)} shard files, fewer than the {plan.num_pipelines} input "
-                          "pipelines (hosts): every host needs files of its own. Prepare it with more shards "
-                          "(tfds.download.DownloadConfig(num_shards=...)).")
+        raise ConfigError(f"{builder.name}:{split} has {len(plan.paths)} shard files, fewer than the "
+                          f"{plan.num_pipelines} input pipelines (hosts): every host needs files of its own. Prepare "
+                          "it with more shards (tfds.download.DownloadConfig(num_shards=...)).")
     return plan
 
 
@@ -144,7 +145,7 @@ def make_train_dataset(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, con
 
     per_replica = context.get_per_replica_batch_size(global_batch_size)
     return (tf.data.Dataset.counter(first_block)
-            .map(read_block, num_parallel_calls=2, deterministic=True)  # Reads the next block while one is used.
+            .map(read_block, num_parallel_calls=BLOCKS_IN_FLIGHT, deterministic=True)  # Read ahead, in order.
             .unbatch()
             .skip(offset)
             .enumerate(start=start_position)

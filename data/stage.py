@@ -8,9 +8,9 @@
 Builds the dataset (TFDS `download_and_prepare`) straight into `data_dir`; the bundled digits builder needs no
 network, registered TFDS datasets download from their source first; ImageNet has no download: put
 ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar (from image-net.org, after registering) in --manual_dir
-(a few hours and ~300 GB of local disk for the build; TFDS writes ~1,024 train shards). Idempotent: when the dataset is already
-prepared there, it says so and does nothing. The bucket is checked first (exists, writable: exit 2 otherwise).
-Then pass the same path as DATA_DIR.
+(a few hours and ~300 GB of local disk for the build; TFDS writes ~1,024 train shards).
+Idempotent: when the dataset is already prepared there, it says so and does nothing. The bucket is checked first
+(exists, writable: exit 2 otherwise). Then pass the same path as DATA_DIR.
 """
 
 import argparse

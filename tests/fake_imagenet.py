@@ -16,8 +16,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 
-def _jpeg(rng: np.random.Generator) -> bytes:
-    height, width = int(rng.integers(40, 120)), int(rng.integers(40, 120))
+def _jpeg(rng: np.random.Generator, size: tuple[int, int] | None) -> bytes:
+    if size is None:
+        height, width = int(rng.integers(40, 120)), int(rng.integers(40, 120))
+    else:  # Around `size`, +-20%.
+        height, width = (int(side * rng.uniform(0.8, 1.2)) for side in size)
     pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
     return tf.io.encode_jpeg(pixels, quality=80).numpy()
 
@@ -29,8 +32,9 @@ def _add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def write_manual_dir(path: str, *, classes: int = 6, per_class: int = 10, validation: int = 20,
-                     seed: int = 0) -> str:
-    """Writes ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar into `path`; returns `path`."""
+                     seed: int = 0, size: tuple[int, int] | None = None) -> str:
+    """Writes ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar into `path`; returns `path`. Images are 40-120
+    pixels a side, or around `size` (height, width)."""
     rng = np.random.default_rng(seed)
     os.makedirs(path, exist_ok=True)
     synsets = tfds.core.tfds_path("datasets/imagenet2012/labels.txt").read_text().split()[:classes]
@@ -39,17 +43,19 @@ def write_manual_dir(path: str, *, classes: int = 6, per_class: int = 10, valida
             inner = io.BytesIO()
             with tarfile.open(fileobj=inner, mode="w") as class_tar:
                 for index in range(per_class):
-                    _add(class_tar, f"{synset}_{index}.JPEG", _jpeg(rng))
+                    _add(class_tar, f"{synset}_{index}.JPEG", _jpeg(rng, size))
             _add(train, f"{synset}.tar", inner.getvalue())
     with tarfile.open(os.path.join(path, "ILSVRC2012_img_val.tar"), "w") as val:
         for index in range(1, validation + 1):
-            _add(val, f"ILSVRC2012_val_{index:08d}.JPEG", _jpeg(rng))
+            _add(val, f"ILSVRC2012_val_{index:08d}.JPEG", _jpeg(rng, size))
     return path
 
 
-def prepare_fake_imagenet(data_dir: str, manual_dir: str, *, num_shards: int | None = None) -> tfds.core.DatasetBuilder:
-    """TFDS's real imagenet2012 builder run on the fake tar files, into `data_dir` (local or gs://)."""
-    write_manual_dir(manual_dir)
+def prepare_fake_imagenet(data_dir: str, manual_dir: str, *, num_shards: int | None = None,
+                          **tar_options) -> tfds.core.DatasetBuilder:
+    """TFDS's real imagenet2012 builder run on the fake tar files (`tar_options` as in write_manual_dir), into
+    `data_dir` (local or gs://)."""
+    write_manual_dir(manual_dir, **tar_options)
     builder = tfds.builder("imagenet2012", data_dir=data_dir)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir,
                                                                                 num_shards=num_shards))

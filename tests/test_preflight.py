@@ -2,9 +2,9 @@
 
 Every shipped TPU config must pass, with its gs:// paths pointed at a test bucket: TFDS's mock data stands in for the
 download-only datasets (MNIST, CIFAR-10); the ImageNet configs read a fake ImageNet staged into the bucket with
-`python -m data.stage` (TFDS's real imagenet2012 builder on tiny tar files: tests/fake_imagenet.py). Deliberately broken configs must each fail with a message
-that names the problem: a dynamic-shape input, a string op in the model, a global batch that does not divide by
-the replica count, a local DATA_DIR for a pod slice.
+`python -m data.stage` (TFDS's real imagenet2012 builder on tiny tar files: tests/fake_imagenet.py). Deliberately
+broken configs must each fail with a message that names the problem: a dynamic-shape input, a string op in the
+model, a global batch that does not divide by the replica count, a local DATA_DIR for a pod slice.
 """
 
 import glob
