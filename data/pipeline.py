@@ -51,15 +51,20 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
     `download_config` carries e.g. manual_dir for datasets without a download (ImageNet)."""
     if builder.is_prepared():
         return False
+    instructions = (getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or "").strip()
+    stage_command = (f"python -m data.stage --dataset=tfds:{builder.name} --manual_dir=DIR "
+                     f"--data_dir={builder.data_dir_root}")
+    if instructions and not (download_config and download_config.manual_dir):
+        # Nothing can be built without the manually downloaded files: say so before writing anything.
+        raise ConfigError(f"{builder.name!r} is not prepared in {builder.data_dir_root} and has no download. "
+                          f"{' '.join(instructions.split())} Then stage it once: {stage_command}")
     log.info("Preparing TFDS dataset %r in %s (once).", builder.name, builder.data_dir)
     tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
     try:
         builder.download_and_prepare(download_config=download_config)
-    except AssertionError as error:  # How TFDS builders report missing manual downloads (ImageNet).
-        instructions = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or ""
-        raise ConfigError(f"Cannot prepare {builder.name!r} in {builder.data_dir_root}: {error}\n"
-                          f"{instructions.strip()}\nThen stage it: python -m data.stage --dataset=DATASET "
-                          f"--manual_dir=DIR --data_dir={builder.data_dir_root}") from error
+    except AssertionError as error:  # How TFDS builders report missing or incomplete manual downloads.
+        raise ConfigError(f"Cannot prepare {builder.name!r} from {download_config.manual_dir}: "
+                          f"{' '.join(str(error).split())}") from error
     return True
 
 

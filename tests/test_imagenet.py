@@ -59,7 +59,8 @@ def test_staging_imagenet_without_the_tar_files_says_where_to_put_them(tmp_path)
     result = run_module("data.stage", "--dataset=imagenet2012", f"--data_dir={tmp_path}/tfds",
                         f"--manual_dir={tmp_path}/empty")
     assert result.returncode == 2, result.stderr
-    assert "ILSVRC2012_img_train.tar" in result.stderr and "--manual_dir" in result.stderr
+    assert f"Cannot prepare 'imagenet2012' from {tmp_path}/empty" in result.stderr
+    assert "ILSVRC2012_img_train.tar" in result.stderr
 
 
 def test_staging_from_the_tar_files_builds_the_dataset(tmp_path):
@@ -73,8 +74,11 @@ def test_staging_from_the_tar_files_builds_the_dataset(tmp_path):
 
 
 def test_unprepared_imagenet_is_a_config_error_naming_the_fix(tmp_path):
-    with pytest.raises(ConfigError, match="manual_dir"):
+    """Training or a preflight on a DATA_DIR without ImageNet: the staging command, and nothing written there."""
+    with pytest.raises(ConfigError, match="ILSVRC2012_img_train.tar.*python -m data.stage --dataset=tfds:imagenet2012 "
+                                          f"--manual_dir=DIR --data_dir={tmp_path}"):
         pipeline.load_builder(get_dataset_spec("imagenet2012"), str(tmp_path))
+    assert not list(tmp_path.iterdir())
 
 
 N = 4  # Steps per segment, 2 per loop.
