@@ -43,21 +43,21 @@ def run_variant(double_all_reduce: bool, replicas: int, hidden: int, steps: int,
 
     if double_all_reduce:
         def replica_step(batch_data):
-            images, labels = batch_data
+            images, labels, _ = batch_data
             with tf.GradientTape() as tape:
                 loss = step.average_over_global_batch(loss_fn(labels, model(images)), batch)
             gradients = step.sum_across_replicas(tape.gradient(loss, model.trainable_variables))
             gradients, _ = tf.clip_by_global_norm(gradients, 1.0)
             gradients = [gradient / replicas for gradient in gradients]  # apply_gradients sums them again.
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss
+            return {"loss": loss}
     else:
         replica_step = step.make_train_step(model, optimizer, loss_fn, global_batch_size=batch, clip_global_norm=1.0,
-                                            accuracy=accuracy)
+                                            accuracy=accuracy, seed=0)
 
     rng = np.random.RandomState(0)
-    data = tf.data.Dataset.from_tensor_slices((rng.rand(batch * 8, 784).astype("float32"),
-                                               rng.randint(0, 10, batch * 8))).repeat().batch(batch)
+    examples = (rng.rand(batch * 8, 784).astype("float32"), rng.randint(0, 10, batch * 8), np.arange(batch * 8))
+    data = tf.data.Dataset.from_tensor_slices(examples).repeat().batch(batch)  # (features, label, position)
     iterator = iter(strategy.experimental_distribute_dataset(data))
     train_loop = make_train_loop(strategy, replica_step, global_step)
     train_loop(iterator, tf.constant(warmup))  # Trace and warm up.

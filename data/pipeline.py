@@ -8,7 +8,8 @@ Training data order is a pure function of (SEED, global step), the same for any 
   checkpoint distributed iterators);
 - each input pipeline keeps every P-th position (P = number of pipelines, i.e. hosts), so the union of one step's
   per-replica batches is the same G examples whatever the replica or host count;
-- augmentation is stateless, seeded by (SEED, position).
+- augmentation is stateless, seeded by (SEED, position); each example carries its position, which keys its dropout
+  mask (models/layers.py), so dropout too is the same at any replica count and on resume.
 Random access needs the encoded split in host memory: right for splits under 1 GiB (the shipped small datasets
 take up to ~150 MB). Larger ones (ImageNet) are read by shard file instead, with an order that is a function of
 (SEED, step, host count): data/shard_stream.py.
@@ -95,7 +96,9 @@ def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
 
 def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int, seed: int,
                         start_step: int):
-    """Returns input_fn(InputContext) -> dataset of (image, label) per-replica batches, starting at `start_step`."""
+    """Returns input_fn(InputContext) -> dataset of (image, label, position) per-replica batches, starting at
+    `start_step`. position (int64) is the example's place in the training stream, unique over the run and the same
+    at any replica count: the training step keys each example's dropout mask by it."""
     if reads_by_shard(spec, builder):
         shard_stream.check_readable(builder, spec.train_split)
         return functools.partial(shard_stream.make_train_dataset, spec, builder, global_batch_size=global_batch_size,
@@ -117,7 +120,7 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
                                                             max_index=num_examples - 1)
             image = spec.model_input(tf.gather(encoded["image"], shuffled), builder.info.features["image"],
                                      seed=tf.stack([seed_tensor, position]))
-            return image, tf.gather(encoded["label"], shuffled)
+            return image, tf.gather(encoded["label"], shuffled), position
 
         per_replica = context.get_per_replica_batch_size(global_batch_size)
         return (tf.data.Dataset.counter(start_step * global_batch_size)

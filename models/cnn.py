@@ -3,6 +3,8 @@
 import gin
 import keras
 
+from models.layers import StatelessDropout, logits_dtype
+
 
 @gin.configurable
 def cnn(input_shape, num_classes, *, filters=(32, 64), dense_units=128, dropout_rate=0.0,
@@ -28,6 +30,6 @@ def cnn(input_shape, num_classes, *, filters=(32, 64), dense_units=128, dropout_
     x = keras.layers.GlobalAveragePooling2D()(x)
     x = keras.layers.Dense(dense_units, activation="relu", kernel_regularizer=regularizer)(x)
     if dropout_rate:
-        x = keras.layers.Dropout(dropout_rate)(x)
-    logits = keras.layers.Dense(num_classes, kernel_regularizer=regularizer, dtype="float32", name="logits")(x)
+        x = StatelessDropout(dropout_rate, salt=0)(x)
+    logits = keras.layers.Dense(num_classes, kernel_regularizer=regularizer, dtype=logits_dtype(), name="logits")(x)
     return keras.Model(inputs, logits, name="cnn")

@@ -2,9 +2,11 @@
 
     builder(input_shape, num_classes, *, dropout_rate, synchronized_batch_norm, kernel_l2) -> keras.Model
 
-returning float32 logits (keep the last layer in float32 under mixed precision). Its other hyperparameters are
-keyword arguments bound with gin (e.g. `mlp.hidden_units = (256, 256)`). The replica-invariance check calls it with
-dropout_rate=0 and synchronized_batch_norm=True, so every builder must honour both.
+returning logits of dtype `models.layers.logits_dtype()` (float32 under float32 and mixed precision, float64 under
+PRECISION='float64'). Its other hyperparameters are keyword arguments bound with gin (e.g.
+`mlp.hidden_units = (256, 256)`). The replica-invariance check calls it with synchronized_batch_norm=True, so every
+builder must honour it; use `models.layers.StatelessDropout` (not keras.layers.Dropout) so that runs with dropout
+stay replica-count invariant and exactly resumable.
 """
 
 from collections.abc import Callable

@@ -10,6 +10,8 @@ Convolutions have no bias (BatchNormalization follows); the last BN of each resi
 import gin
 import keras
 
+from models.layers import StatelessDropout, logits_dtype
+
 from training.errors import ConfigError
 
 _BOTTLENECK_STAGES = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
@@ -37,8 +39,8 @@ def resnet(input_shape, num_classes, *, depth=20, dropout_rate=0.0, synchronized
                 x = layers.basic(x, 16 * 2 ** stage, strides=2 if stage and not block else 1)
     x = keras.layers.GlobalAveragePooling2D()(x)
     if dropout_rate:
-        x = keras.layers.Dropout(dropout_rate)(x)
-    logits = keras.layers.Dense(num_classes, kernel_regularizer=layers.regularizer, dtype="float32",
+        x = StatelessDropout(dropout_rate, salt=0)(x)
+    logits = keras.layers.Dense(num_classes, kernel_regularizer=layers.regularizer, dtype=logits_dtype(),
                                 name="logits")(x)
     return keras.Model(inputs, logits, name=f"resnet{depth}")
 

@@ -90,6 +90,15 @@ def clean_gin():
     gin.clear_config()
 
 
+@pytest.fixture(autouse=True)
+def float32_dtype_policy():
+    """Trainers set Keras' global dtype policy (PRECISION); the next test starts from float32 again."""
+    yield
+    import keras
+
+    keras.config.set_dtype_policy("float32")
+
+
 @pytest.fixture
 def small_config(data_dir):
     """Factory of a tiny digits ExperimentConfig; keyword arguments override its fields."""

@@ -19,7 +19,7 @@ def _batches(data_dir, *, seed=0, start_step=0, pipelines=1, steps=5):
     for pipeline_id in range(pipelines):
         context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
                                              num_replicas_in_sync=pipelines)
-        per_pipeline.append([(images.numpy(), labels.numpy()) for images, labels in input_fn(context).take(steps)])
+        per_pipeline.append([(images.numpy(), labels.numpy()) for images, labels, _ in input_fn(context).take(steps)])
     return per_pipeline
 
 

@@ -79,3 +79,51 @@ def test_eval_input_covers_each_example_once_and_masks_padding(small_config):
     assert all_masks.sum() == 360 and all_masks.size == 384
     expected = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=-1))["label"]
     np.testing.assert_array_equal(np.sort(np.concatenate(seen_labels)), np.sort(expected))
+
+
+@pytest.mark.slow
+def test_a_run_trained_with_batch_64_is_evaluated_on_3_replicas(tmp_path, data_dir):
+    """--mode=eval needs only the eval batch to split over the replicas: 64 does not divide by 3, so the eval batch
+    becomes 63 (padded and masked as always) and the metrics equal the 1-replica evaluation."""
+    import json
+
+    from helpers import run_train_py
+
+    model_dir = str(tmp_path / "run")
+    common = ["--gin_param=TRAIN_STEPS=100", f"--model_dir={model_dir}"]  # default.gin: GLOBAL_BATCH_SIZE = 64.
+    assert run_train_py(*common).returncode == 0
+    trained = json.load(open(tmp_path / "run" / "metrics.json"))["eval"]
+    evaluated = run_train_py(*common, "--mode=eval", "--gin_param=STRATEGY='mirrored'",
+                             "--gin_param=VIRTUAL_DEVICES=3")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "3 replica(s)" in evaluated.stdout
+    on_three = json.load(open(tmp_path / "run" / "metrics.json"))["eval"]
+    assert on_three["accuracy"] == pytest.approx(trained["accuracy"], abs=1e-9)  # The same 360 examples.
+    assert on_three["loss"] == pytest.approx(trained["loss"], rel=1e-5)
+    # Training itself still refuses a batch that does not split.
+    refused = run_train_py(*common[1:], "--gin_param=TRAIN_STEPS=200", "--gin_param=STRATEGY='mirrored'",
+                           "--gin_param=VIRTUAL_DEVICES=3")
+    assert refused.returncode == 2 and "GLOBAL_BATCH_SIZE=64 does not divide by the 3 replicas" in refused.stderr
+
+
+def test_the_training_loss_is_the_data_loss_and_the_regularization_is_apart(small_config, data_dir):
+    """Train and eval 'loss' mean the same thing: the mean per-example loss. With L2 on, the regularization term is
+    reported on its own. Checked against NumPy on the first global batch at the initial weights (one step: the loss
+    is computed before the update)."""
+    import gin
+
+    gin.bind_parameter("mlp.kernel_l2", 1e-2)
+    trainer = Trainer(small_config(model="mlp", strategy="mirrored", virtual_devices=4), make_strategy(
+        "mirrored", virtual_devices=4))
+    kernels = [weight.numpy() for weight in trainer.model.weights if weight.path.endswith("kernel")]
+    features, labels, _ = next(iter(trainer.train_input_fn()(tf.distribute.InputContext())))
+    logits = trainer.model(features, training=False).numpy().astype(np.float64)  # No dropout, no BN: same math.
+    logits -= logits.max(axis=1, keepdims=True)
+    log_probabilities = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    expected_loss = -log_probabilities[np.arange(len(labels)), labels.numpy()].mean()
+    expected_regularization = sum(1e-2 * np.sum(kernel.astype(np.float64) ** 2) for kernel in kernels)
+
+    metrics = trainer.train(trainer.train_iterator(), 1)
+    assert metrics["loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert metrics["regularization"] == pytest.approx(expected_regularization, rel=1e-5)
+    assert metrics["regularization"] > 0.01 * metrics["loss"]  # Large enough that mixing them up would show.

@@ -36,7 +36,7 @@ def _stream(builder, *, start_step=0, steps=10, pipelines=1, pipeline_id=0, seed
     context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
                                          num_replicas_in_sync=pipelines)
     batches = list(input_fn(context).take(steps).as_numpy_iterator())
-    return np.concatenate([images for images, _ in batches]), np.concatenate([labels for _, labels in batches])
+    return np.concatenate([images for images, _, _ in batches]), np.concatenate([labels for _, labels, _ in batches])
 
 
 def _image_multiset(images):

@@ -15,24 +15,30 @@ import tensorflow as tf
 
 
 def make_train_loop(strategy: tf.distribute.Strategy, replica_step, step_counter: tf.Variable,
-                    replica_local_variables=()):
-    """Returns loop(iterator, num_steps) -> mean over the steps of the global loss (a float32 scalar).
+                    replica_local_variables=(), *, outputs=("loss",), accumulate_dtype=tf.float32):
+    """Returns loop(iterator, num_steps) -> {name: mean over the steps of the global value} for `outputs`.
 
-    `replica_step` returns each replica's share of the global loss; their SUM is the global loss.
+    `replica_step` returns a dict with (at least) the keys in `outputs`: each replica's share of a global value
+    (e.g. the loss); their SUM over replicas is the global value. They are accumulated in `accumulate_dtype`
+    (float64 for float64 runs, so the check of exact math is not rounded to float32).
     `step_counter` (int64) counts the global batches consumed, skipped loss-scaling steps included.
-    `replica_local_variables` (e.g. `model.non_trainable_variables`) are averaged over replicas after the steps.
+    `replica_local_variables` (e.g. `model.non_trainable_variables`) are averaged over replicas after the steps;
+    only floating-point ones: integer state such as a random-seed counter is never averaged.
     """
-    variables = [getattr(variable, "value", variable) for variable in replica_local_variables]
+    variables = [getattr(variable, "value", variable) for variable in replica_local_variables
+                 if tf.as_dtype(variable.dtype).is_floating]
 
     @tf.function
     def train_loop(iterator, num_steps):
-        total = tf.constant(0.0, tf.float32)
+        totals = {name: tf.constant(0.0, accumulate_dtype) for name in outputs}
         for _ in tf.range(num_steps):
-            per_replica_loss = strategy.run(replica_step, args=(next(iterator),))
-            total += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None), tf.float32)
+            per_replica = strategy.run(replica_step, args=(next(iterator),))
+            totals = {name: totals[name] + tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica[name],
+                                                                   axis=None), accumulate_dtype)
+                      for name in outputs}
         average_replica_copies(strategy, variables)
         step_counter.assign_add(tf.cast(num_steps, tf.int64))
-        return total / tf.cast(num_steps, tf.float32)
+        return {name: total / tf.cast(num_steps, accumulate_dtype) for name, total in totals.items()}
 
     return train_loop
 

@@ -8,7 +8,8 @@ import dataclasses
 
 from training.errors import ConfigError
 
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# float64: the replica-invariance check's precision (exact math to ~1e-15); on CPUs only, slow elsewhere.
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "float64")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,14 +63,20 @@ class ExperimentConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"PRECISION={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}.")
 
-    @property
-    def global_eval_batch_size(self) -> int:
-        return self.eval_batch_size or self.global_batch_size
+    def eval_batch_for(self, num_replicas: int) -> int:
+        """The global eval batch on `num_replicas` replicas: eval_batch_size if set, else GLOBAL_BATCH_SIZE rounded
+        down to a multiple of the replicas (evaluation pads and masks, so its batch never changes the result)."""
+        if self.eval_batch_size:
+            return self.eval_batch_size
+        return max(num_replicas, self.global_batch_size // num_replicas * num_replicas)
 
-    def check_replicas(self, num_replicas: int) -> None:
-        """Batches must split evenly over replicas: every replica runs the same static shape."""
-        for name, value in (("GLOBAL_BATCH_SIZE", self.global_batch_size),
-                            ("eval_batch_size", self.global_eval_batch_size)):
+    def check_replicas(self, num_replicas: int, *, training: bool = True) -> None:
+        """Batches must split evenly over replicas: every replica runs the same static shape. Evaluating alone
+        (`training=False`) needs only the eval batch to split."""
+        batches = [("experiment.eval_batch_size", self.eval_batch_for(num_replicas))]
+        if training:
+            batches.insert(0, ("GLOBAL_BATCH_SIZE", self.global_batch_size))
+        for name, value in batches:
             if value % num_replicas:
                 lower = value // num_replicas * num_replicas
                 raise ConfigError(f"{name}={value} does not divide by the {num_replicas} replicas of this strategy. "

@@ -37,7 +37,7 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
         log.warning("This config is written for %d replicas and runs on %d: same global batch and learning rate, so "
                     "the result should match, but the per-replica batch and speed differ.", config.target_replicas,
                     strategy.num_replicas_in_sync)
-    trainer = Trainer(config, strategy)
+    trainer = Trainer(config, strategy, training=mode == "train")
     run_dir = RunDirectory(model_dir, is_chief=is_chief(strategy))
     controller = Controller(trainer, run_dir)
     try:

@@ -14,10 +14,11 @@ from training.errors import ConfigError
 
 @gin.configurable
 def softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, *, label_smoothing: float = 0.0) -> tf.Tensor:
-    """Cross-entropy of integer labels against logits, per example (float32)."""
-    logits = tf.cast(logits, tf.float32)
+    """Cross-entropy of integer labels against logits, per example: float32, or float64 for float64 logits."""
+    if logits.dtype != tf.float64:  # bfloat16/float16 logits: a float32 softmax.
+        logits = tf.cast(logits, tf.float32)
     if label_smoothing:
-        one_hot = tf.one_hot(labels, tf.shape(logits)[-1])
+        one_hot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=logits.dtype)
         return keras.losses.categorical_crossentropy(one_hot, logits, from_logits=True,
                                                      label_smoothing=label_smoothing)
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)

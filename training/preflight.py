@@ -122,7 +122,7 @@ def _check_static_shapes(specs: dict) -> Check:
 def _check_xla_compiles(config: ExperimentConfig, replicas: int, train_spec) -> Check:
     """Compiles (does not run) one replica's train step with XLA, at the per-replica batch."""
     one_replica = dataclasses.replace(config, global_batch_size=config.global_batch_size // replicas,
-                                      eval_batch_size=config.global_eval_batch_size // replicas, virtual_devices=0)
+                                      eval_batch_size=config.eval_batch_for(replicas) // replicas, virtual_devices=0)
     trainer = Trainer(one_replica, tf.distribute.get_strategy())
     compiled = tf.function(trainer.train_step, jit_compile=True)
     started = time.perf_counter()

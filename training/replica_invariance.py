@@ -2,86 +2,187 @@
 
     python -m training.replica_invariance --gin_file=configs/default.gin --replicas=1,2,4,8
 
-Trains the config for a few steps at each replica count (MirroredStrategy over virtual CPU devices, the same global
-batch, the same initial weights, float32, dropout off, BatchNormalization synchronized) and compares every model
-weight with the first (reference) replica count: max|a - b| / max|a| per tensor, the worst tensor is the figure
-(shared/notes/contract.md). Above the tolerance (1e-5) it exits 1: a loss divided by the per-replica batch,
-gradients summed twice or clipped per replica all show up here as a factor of the replica count.
-Run it after editing a model, a loss or the training step.
+Trains the config at each replica count (MirroredStrategy over virtual CPU devices) from the same initial weights on
+the same global batches, and compares every model weight with the first (reference) replica count. It runs in
+float64 at the config's own optimizer, learning rate, schedule and momentum, for enough steps to leave the warm-up
+(at least 40), so a bug has time to show and rounding does not: in float32 two exact-math-equal runs part after a
+rounding-level sign flip of one ReLU input (measured: 2.5e-3 in one step), in float64 they agree to ~1e-15.
+
+The probe turns on what the classic bugs need to show: an L2 kernel regularizer (unless the model has one) and a
+gradient clip at half the initial gradient norm (unless the config clips), so that an unscaled regularization loss
+and clipping before the cross-replica sum are caught like a wrong loss denominator and a double gradient sum.
+BatchNormalization is synchronized (per-replica batch statistics are a legitimate difference). Dropout stays as
+configured: masks are keyed by example (models/layers.py), the same at any replica count.
+
+Per tensor: max|a - b| / max(max|a|, 1% of the largest weight of the model); the worst tensor is the figure; it must
+be <= 1e-9, and the loss must agree to 1e-9 (relative). The floor keeps a tensor whose gradient is zero in exact math
+(e.g. a bias before BatchNormalization, which holds only rounding noise) from failing on noise. Exit 0 if every
+replica count passes, 1 if not, 2 for a bad config. Run it after editing a model, a loss or the training step.
 """
+
+from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
+import os
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tpu_utils.strategy import configure_virtual_cpus, make_strategy
-from training.config import ExperimentConfig
-from training.trainer import Trainer
+if TYPE_CHECKING:  # TensorFlow loads in the functions that need it, after main() has set its log level.
+    from training.config import ExperimentConfig
+    from training.trainer import Trainer
 
-TOLERANCE = 1e-5
-# What the check turns off: per-replica batch statistics and dropout masks differ by replica count by design.
-CHECK_MODEL_OPTIONS = {"dropout_rate": 0.0, "synchronized_batch_norm": True}
+TOLERANCE = 1e-9  # float64: exact-math-equal runs agree to ~1e-15; every bug above shows at 1e-4 or more.
+FLOOR_FRACTION = 1e-2  # Differences are measured against at least this fraction of the model's largest weight.
+MIN_STEPS = 40
+PROBE_KERNEL_L2 = 1e-3
+PROBE_CLIP_FRACTION = 0.5  # Clip at half the initial gradient norm: clipping binds in the first steps.
+LIKELY_CAUSES = """Likely causes:
+  - the loss is divided by the per-replica batch, not the global one (a mean in the loss function, or another
+    denominator than global_batch_size in training/step.py): the loss column shows the replica count's factor;
+  - gradients summed across replicas twice (Keras' implicit all-reduce in apply_gradients left on beside the step's);
+  - gradients clipped before the cross-replica sum (Keras' clipnorm/global_clipnorm, or clipping per replica);
+  - a regularization loss not divided by the replica count (tf.nn.scale_regularization_loss);
+  - per-replica state: BatchNormalization that is not synchronized, a random layer keyed per replica (use
+    models.layers.StatelessDropout), or other variables updated from one replica's batch.
+The worst tensor says where the difference is largest, not always where it starts."""
 
 
 @dataclasses.dataclass
 class ReplicaRun:
     replicas: int
     loss: float
-    weights: list  # (layer-independent name, np.ndarray) per model weight, in model order, after the steps
+    weights: list  # (variable path, np.ndarray) per model weight, in model order, after the steps
     worst_difference: float = 0.0  # vs the reference run (0 for the reference itself)
     worst_tensor: str = ""
     loss_difference: float = 0.0
 
 
-def relative_difference(reference: np.ndarray, other: np.ndarray) -> float:
-    """max|a - b| / max|a| (0 when both are all zeros)."""
-    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
-    difference = float(np.max(np.abs(reference - other))) if reference.size else 0.0
+@dataclasses.dataclass
+class Probe:
+    """What the check ran: precision, steps and the settings it forced on."""
+
+    precision: str
+    steps: int
+    kernel_l2: float | None = None  # Forced L2 (None: the model's own, or off)
+    clip_global_norm: float | None = None
+
+
+def relative_difference(reference: np.ndarray, other: np.ndarray, floor: float = 0.0) -> float:
+    """max|a - b| / max(max|a|, floor) (0 when both are empty or all zeros)."""
+    if not reference.size:
+        return 0.0
+    scale = max(float(np.max(np.abs(reference))), floor)
+    difference = float(np.max(np.abs(reference - other)))
     return difference / scale if scale else difference
 
 
-def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int) -> list[ReplicaRun]:
-    """Trains `config` for `steps` steps at each replica count; returns the runs, compared to the first."""
+def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, precision: str = "float64",
+            force_regularization: bool = True, force_clipping: bool = True,
+            model_options: dict | None = None) -> tuple[list[ReplicaRun], Probe]:
+    """Trains `config` for `steps` steps at each replica count; returns the runs (compared to the first) and the
+    probe's settings."""
+    from tpu_utils.strategy import configure_virtual_cpus
+
     configure_virtual_cpus(max(replica_counts))
-    config = dataclasses.replace(config, strategy="mirrored", precision="float32", steps_per_loop=steps,
+    config = dataclasses.replace(config, strategy="mirrored", precision=precision, steps_per_loop=steps,
                                  checkpoint_every=0, eval_every=0)
-    runs, initial_weights = [], None
+    options = {"synchronized_batch_norm": True, **(model_options or {})}
+    probe = Probe(precision=precision, steps=steps)
+    reference = _trainer(config, replica_counts[0], options)
+    if force_regularization and not reference.model.losses:
+        probe.kernel_l2 = options["kernel_l2"] = PROBE_KERNEL_L2
+        reference = _trainer(config, replica_counts[0], options)
+    initial_weights = reference.model.get_weights()
+    if force_clipping and config.clip_global_norm is None:
+        probe.clip_global_norm = PROBE_CLIP_FRACTION * initial_gradient_norm(reference)
+        config = dataclasses.replace(config, clip_global_norm=probe.clip_global_norm)
+        reference = _trainer(config, replica_counts[0], options)
+    runs = []
     for replicas in replica_counts:
-        trainer = Trainer(dataclasses.replace(config, virtual_devices=replicas),
-                          make_strategy("mirrored", virtual_devices=replicas), model_options=CHECK_MODEL_OPTIONS)
-        if initial_weights is None:
-            initial_weights = trainer.model.get_weights()
+        trainer = reference if replicas == replica_counts[0] else _trainer(config, replicas, options)
         trainer.model.set_weights(initial_weights)  # Identical start, whatever the initialisers did.
         metrics = trainer.train(trainer.train_iterator(), steps)
         weights = [(variable.path, variable.numpy()) for variable in trainer.model.weights]
         runs.append(ReplicaRun(replicas=replicas, loss=metrics["loss"], weights=weights))
+    compare(runs)
+    return runs, probe
+
+
+def _trainer(config: ExperimentConfig, replicas: int, model_options: dict) -> Trainer:
+    from tpu_utils.strategy import make_strategy
+    from training.trainer import Trainer
+
+    return Trainer(dataclasses.replace(config, virtual_devices=replicas),
+                   make_strategy("mirrored", virtual_devices=replicas), model_options=model_options)
+
+
+def initial_gradient_norm(trainer: Trainer) -> float:
+    """Global norm of the gradient at the trainer's current weights on its first global batch. Runs the model in
+    training mode (BatchNormalization's moving statistics move): reset the weights afterwards."""
+    import tensorflow as tf
+
+    from training import step
+    from training.losses import get_loss
+
+    norm_step = step.make_gradient_norm_step(trainer.model, get_loss(trainer.config.loss),
+                                                    global_batch_size=trainer.config.global_batch_size,
+                                                    seed=trainer.config.seed)
+
+    @tf.function
+    def norm(iterator):
+        return trainer.strategy.experimental_local_results(trainer.strategy.run(norm_step, args=(next(iterator),)))[0]
+
+    return float(norm(trainer.train_iterator()))
+
+
+def compare(runs: list[ReplicaRun]) -> None:
+    """Fills in each run's differences from the first run (see the module docstring for the measure)."""
     reference = runs[0]
+    floor = FLOOR_FRACTION * max(float(np.max(np.abs(value))) for _, value in reference.weights if value.size)
     for run in runs[1:]:
-        differences = {name: relative_difference(expected, actual)
+        differences = {name: relative_difference(expected, actual, floor)
                        for (name, expected), (_, actual) in zip(reference.weights, run.weights, strict=True)}
         run.worst_tensor = max(differences, key=differences.get)
         run.worst_difference = differences[run.worst_tensor]
-        run.loss_difference = abs(run.loss - reference.loss) / max(abs(reference.loss), 1e-12)
-    return runs
+        run.loss_difference = abs(run.loss - reference.loss) / max(abs(reference.loss), 1e-30)
 
 
-def report(runs: list[ReplicaRun], tolerance: float = TOLERANCE) -> tuple[bool, str]:
+def report(runs: list[ReplicaRun], probe: Probe | None = None, tolerance: float = TOLERANCE) -> tuple[bool, str]:
     """(passed, a table of the runs); passed means every weight and the loss are within `tolerance`."""
-    lines = [f"{'replicas':>8}  {'loss':>10}  {'loss diff':>9}  {'worst weight diff':>17}  worst tensor"]
+    lines = []
+    if probe is not None:
+        forced = [f"kernel L2 {probe.kernel_l2:g}" if probe.kernel_l2 else "",
+                  f"clip_global_norm {probe.clip_global_norm:.4g}" if probe.clip_global_norm else ""]
+        forced = ", ".join(item for item in forced if item)
+        lines.append(f"{probe.precision}, {probe.steps} steps, synchronized BatchNormalization"
+                     f"{'; forced on: ' + forced if forced else ''}")
+    lines.append(f"{'replicas':>8}  {'loss':>12}  {'loss diff':>9}  {'worst weight diff':>17}  "
+                 "worst tensor")
     for run in runs:
-        lines.append(f"{run.replicas:>8}  {run.loss:>10.6f}  {run.loss_difference:>9.2e}  "
+        lines.append(f"{run.replicas:>8}  {run.loss:>12.8f}  {run.loss_difference:>9.2e}  "
                      f"{run.worst_difference:>17.2e}  {run.worst_tensor or '(reference)'}")
     passed = all(run.worst_difference <= tolerance and run.loss_difference <= tolerance for run in runs)
     if passed:
-        lines.append(f"PASS: every weight within {tolerance:g} of the {runs[0].replicas}-replica run.")
+        lines.append(f"PASS: every weight and the loss within {tolerance:g} of the {runs[0].replicas}-replica run.")
     else:
-        lines.append(f"FAIL: weights differ by more than {tolerance:g} across replica counts. A ratio near the replica "
-                     "count means the loss is divided by the per-replica batch (divide by the global batch: "
-                     "training/step.py), gradients are summed twice, or clipped before the cross-replica sum.")
+        lines.append(f"FAIL: weights or loss differ by more than {tolerance:g} across replica counts.")
+        lines.append(LIKELY_CAUSES)
     return passed, "\n".join(lines)
+
+
+def default_steps() -> int:
+    """MIN_STEPS, or 10 past the end of the configured warm-up if that is later."""
+    import gin
+
+    try:
+        warmup = int(gin.query_parameter("cosine.warmup_steps"))
+    except ValueError:
+        warmup = 0
+    return max(MIN_STEPS, warmup + 10)
 
 
 def main(argv: list[str]) -> int:
@@ -89,11 +190,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gin_file", action="append", default=None)
     parser.add_argument("--gin_param", action="append", default=[])
     parser.add_argument("--replicas", default="1,2,4,8", help="comma-separated; the first is the reference")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--optimizer", default="sgd", help="optimizer for the check (SGD shows a factor of R plainly)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"steps per replica count; default max({MIN_STEPS}, cosine.warmup_steps + 10)")
+    parser.add_argument("--force_regularization", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"add a kernel L2 of {PROBE_KERNEL_L2:g} if the model has no regularization loss")
+    parser.add_argument("--force_clipping", action=argparse.BooleanOptionalAction, default=True,
+                        help="clip at half the initial gradient norm if the config does not clip")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
     args = parser.parse_args(argv[1:])
     logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow loads: float64 kernels log warnings.
 
     import train  # The entry point's gin handling, so the check reads configs exactly as training does.
     from training import config_files, experiment
@@ -102,12 +208,12 @@ def main(argv: list[str]) -> int:
     try:
         replica_counts = [int(count) for count in args.replicas.split(",")]
         config_files.parse(args.gin_file or [train.DEFAULT_GIN_FILE], args.gin_param, search_path=train.REPO_ROOT)
-        config = dataclasses.replace(experiment.experiment(), optimizer=args.optimizer)
-        runs = measure(config, replica_counts, steps=args.steps)
+        runs, probe = measure(experiment.experiment(), replica_counts, steps=args.steps or default_steps(),
+                              force_regularization=args.force_regularization, force_clipping=args.force_clipping)
     except (ConfigError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    passed, table = report(runs, args.tolerance)
+    passed, table = report(runs, probe, args.tolerance)
     print(table)
     return 0 if passed else 1
 

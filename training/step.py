@@ -6,6 +6,8 @@ Loss scaling, in one place:
   gradients are then summed: the sum over R replicas of (local sum / global batch) is the global mean. Dividing by
   the per-replica batch instead trains R times too fast and raises no error;
 - regularization losses are divided by the replica count (`tf.nn.scale_regularization_loss`) for the same reason;
+  the step reports the data loss and the regularization term apart, so the logged training loss means what the
+  evaluation loss means;
 - the gradients are summed across replicas once, explicitly, then clipped by their global norm (clipping before the
   sum, as Keras' clipnorm does, clips each replica's share and is wrong), then applied. Keras' own implicit
   all-reduce in `apply_gradients` is switched off (`disable_implicit_gradient_sum`) so the wire carries them once;
@@ -21,10 +23,18 @@ clip_global_norm * scale is clipping the unscaled gradients at clip_global_norm.
 import keras
 import tensorflow as tf
 
+from models import layers
+
 
 def average_over_global_batch(per_example_loss: tf.Tensor, global_batch_size: int) -> tf.Tensor:
     """Sum of this replica's per-example losses / GLOBAL batch size (see the module docstring for why)."""
     return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
+
+
+def regularization_share(regularization_losses: list) -> tf.Tensor:
+    """This replica's share of the model's regularization losses: their sum / replica count (summed over replicas
+    with the gradients, it counts once)."""
+    return tf.nn.scale_regularization_loss(tf.add_n(regularization_losses))
 
 
 def sum_across_replicas(gradients: list) -> list:
@@ -33,6 +43,15 @@ def sum_across_replicas(gradients: list) -> list:
     summed = iter(tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, present)
                   if present else [])
     return [None if gradient is None else next(summed) for gradient in gradients]
+
+
+def sum_then_clip(gradients: list, clip_norm) -> list:
+    """The replica-summed gradients, clipped by their global norm when `clip_norm` is set. In this order: clipping
+    each replica's share before the sum clips the wrong vector."""
+    gradients = sum_across_replicas(gradients)
+    if clip_norm is not None:
+        gradients, _ = tf.clip_by_global_norm(gradients, clip_norm)
+    return gradients
 
 
 def disable_implicit_gradient_sum(optimizer: keras.optimizers.Optimizer) -> None:
@@ -62,40 +81,67 @@ def check_per_example(per_example_loss: tf.Tensor, labels: tf.Tensor) -> None:
                          "divides by the global batch size, which a per-replica mean gets wrong by the replica count.")
 
 
+def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed: int):
+    """(logits, this replica's share of the data loss, its share of the regularization term) of a training batch
+    (features, labels, positions), in training mode, with each example's dropout mask keyed by its position."""
+    features, labels, positions = batch
+    with layers.example_keys(layers.keys_from_positions(seed, positions)):
+        logits = model(features, training=True)
+    per_example_loss = loss_fn(labels, logits)
+    check_per_example(per_example_loss, labels)
+    loss = average_over_global_batch(per_example_loss, global_batch_size)
+    regularization = regularization_share(model.losses) if model.losses else tf.zeros((), loss.dtype)
+    return logits, loss, regularization
+
+
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *, global_batch_size: int,
-                    clip_global_norm: float | None, accuracy: keras.metrics.Metric):
-    """Returns train_step((images, labels)) -> this replica's share of the global loss, for `strategy.run`."""
+                    clip_global_norm: float | None, accuracy: keras.metrics.Metric, seed: int):
+    """Returns train_step((features, labels, positions)) -> {'loss', 'regularization'}: this replica's shares of the
+    global data loss and of the regularization term, for `strategy.run` (their SUMs over replicas are the global
+    values). `positions` are the examples' training-stream positions: with `seed` they key the dropout masks
+    (models/layers.py), so a mask belongs to an example, not to a replica."""
     disable_implicit_gradient_sum(optimizer)
     loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def train_step(batch):
-        images, labels = batch
+        _, labels, _ = batch
         with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            per_example_loss = loss_fn(labels, logits)
-            check_per_example(per_example_loss, labels)
-            loss = average_over_global_batch(per_example_loss, global_batch_size)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            scaled_loss = optimizer.scale_loss(loss) if loss_scaling else loss
+            logits, loss, regularization = forward(model, loss_fn, batch, global_batch_size=global_batch_size,
+                                                   seed=seed)
+            total = loss + tf.cast(regularization, loss.dtype)
+            scaled_loss = optimizer.scale_loss(total) if loss_scaling else total
         variables = model.trainable_variables
-        gradients = sum_across_replicas(tape.gradient(scaled_loss, variables))
-        if clip_global_norm:
+        clip_norm = None
+        if clip_global_norm:  # Under loss scaling the gradients are scaled too: so is the norm to clip them at.
             clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
-            gradients, _ = tf.clip_by_global_norm(gradients, clip_norm)
+        gradients = sum_then_clip(tape.gradient(scaled_loss, variables), clip_norm)
         optimizer.apply_gradients(zip(gradients, variables))  # With loss scaling: unscales, skips if non-finite.
         accuracy.update_state(labels, logits)
-        return loss
+        return {"loss": loss, "regularization": regularization}
 
     return train_step
 
 
+def make_gradient_norm_step(model: keras.Model, loss_fn, *, global_batch_size: int, seed: int):
+    """Returns step((features, labels, positions)) -> the global norm of the replica-summed gradients of the loss
+    (data + regularization) at the current weights, without applying them. The replica-invariance check uses it to
+    pick a clip norm that binds."""
+
+    def gradient_norm_step(batch):
+        with tf.GradientTape() as tape:
+            _, loss, regularization = forward(model, loss_fn, batch, global_batch_size=global_batch_size, seed=seed)
+            loss += tf.cast(regularization, loss.dtype)
+        return tf.linalg.global_norm(sum_across_replicas(tape.gradient(loss, model.trainable_variables)))
+
+    return gradient_norm_step
+
+
 def make_eval_step(model: keras.Model, loss_fn, *, loss: keras.metrics.Metric, accuracy: keras.metrics.Metric):
-    """Returns eval_step((images, labels, mask)); padding (mask 0) counts in no metric."""
+    """Returns eval_step((features, labels, mask)); padding (mask 0) counts in no metric."""
 
     def eval_step(batch):
-        images, labels, mask = batch
-        logits = model(images, training=False)
+        features, labels, mask = batch
+        logits = model(features, training=False)
         loss.update_state(loss_fn(labels, logits), sample_weight=mask)
         accuracy.update_state(labels, logits, sample_weight=mask)
 

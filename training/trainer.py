@@ -19,12 +19,17 @@ from training.optimizers import make_optimizer
 
 
 class Trainer:
-    """Builds everything for `config` under `strategy`; `model_options` override the model builder's arguments."""
+    """Builds everything for `config` under `strategy`; `model_options` override the model builder's arguments.
 
-    def __init__(self, config: ExperimentConfig, strategy: tf.distribute.Strategy, *, model_options: dict | None = None):
+    `training=False` (--mode=eval/export) skips the check that GLOBAL_BATCH_SIZE divides by the replicas: evaluation
+    has its own batch, so a run can be evaluated on any replica count.
+    """
+
+    def __init__(self, config: ExperimentConfig, strategy: tf.distribute.Strategy, *, model_options: dict | None = None,
+                 training: bool = True):
         self.config = config
         self.strategy = strategy
-        config.check_replicas(strategy.num_replicas_in_sync)
+        config.check_replicas(strategy.num_replicas_in_sync, training=training)
         self.dataset_spec = get_dataset_spec(config.dataset)
         model_builder = get_model_builder(config.model)
         loss_fn = get_loss(config.loss)
@@ -50,13 +55,17 @@ class Trainer:
 
         self.train_step = step.make_train_step(self.model, self.optimizer, loss_fn,
                                           global_batch_size=config.global_batch_size,
-                                          clip_global_norm=config.clip_global_norm, accuracy=self.train_accuracy)
+                                          clip_global_norm=config.clip_global_norm, accuracy=self.train_accuracy,
+                                          seed=config.seed)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, accuracy=self.eval_accuracy)
-        self._train_loop = loop.make_train_loop(strategy, self.train_step, self.global_step,
-                                                self.model.non_trainable_variables)
+        # The training loss is the data loss, as in evaluation; the regularization term is reported apart.
+        self._train_outputs = ("loss", "regularization") if self.model.losses else ("loss",)
+        self._train_loop = loop.make_train_loop(
+            strategy, self.train_step, self.global_step, self.model.non_trainable_variables,
+            outputs=self._train_outputs, accumulate_dtype=tf.float64 if config.precision == "float64" else tf.float32)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
         self.eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(
-            self.dataset_spec, self.data, global_batch_size=config.global_eval_batch_size)
+            self.dataset_spec, self.data, global_batch_size=config.eval_batch_for(strategy.num_replicas_in_sync))
         self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
 
@@ -86,10 +95,12 @@ class Trainer:
         return iter(self.strategy.distribute_datasets_from_function(self.train_input_fn()))
 
     def train(self, iterator, num_steps: int) -> dict:
-        """Runs `num_steps` steps on the device; returns {'loss': mean global loss, 'accuracy': ...} over them."""
+        """Runs `num_steps` steps on the device; returns the means over them of the global data loss ('loss'), of the
+        regularization term ('regularization', if the model has one) and the training accuracy."""
         self.train_accuracy.reset_state()
-        loss = self._train_loop(iterator, tf.constant(num_steps, tf.int32))
-        return {"loss": float(loss.numpy()), "accuracy": float(self.train_accuracy.result().numpy())}
+        means = self._train_loop(iterator, tf.constant(num_steps, tf.int32))
+        return {**{name: float(means[name].numpy()) for name in self._train_outputs},
+                "accuracy": float(self.train_accuracy.result().numpy())}
 
     def evaluate(self) -> dict:
         """Loss and accuracy over every example of the eval split, exactly once."""
