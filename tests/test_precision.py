@@ -1,8 +1,9 @@
 """Mixed precision. mixed_bfloat16: bfloat16 compute, float32 variables, logits and loss; finite and in agreement
 across replicas. mixed_float16: dynamic loss scaling where an overflow on any replica skips the step on all.
+float64: every model end to end (what the replica-invariance check runs in).
 
-bfloat16 rounding (~1e-2 over a few steps) is as large as the factor-of-R bug, so the contract checks mixed
-precision for finiteness and loss agreement only; the exact math is checked in float32 (test_replica_invariance.py).
+bfloat16 rounding (~1e-2 over a few steps) is as large as the factor-of-R bug, so mixed precision is checked for
+finiteness and loss agreement only; the exact math is checked in float64 (test_replica_invariance.py).
 """
 
 import math
