@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 
-
 # train.py on the fake worker: prints `lines` steps `seconds` apart, then exits with `exit` (or kills itself with
 # SIGTERM for "sigterm"); SIGTERM while running prints a checkpoint line and exits 3, like the real one.
 FAKE_TRAIN = """#!{python}

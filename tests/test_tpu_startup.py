@@ -172,7 +172,8 @@ def test_prepare_sets_the_variables_and_keeps_the_users(caplog):
     facts = RuntimeFacts(accelerator_type="v5litepod-8", libtpu_path=LIBTPU, libtpu_version="0.0.21.1")
     with caplog.at_level("INFO", logger=tpu_startup.__name__):
         prepare_tpu_environment(environ, facts)
-    assert environ == {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/opt/my/libtpu.so"}
+    assert environ == {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true",
+                       "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": "/opt/my/libtpu.so"}  # The user's path wins.
     assert "TPU start-up: v5e (v5litepod-8), 8 chip(s), 8 replica(s), single host, PJRT" in caplog.text
     assert "keeping TF_PLUGGABLE_DEVICE_LIBRARY_PATH=/opt/my/libtpu.so" in caplog.text
 
