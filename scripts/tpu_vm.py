@@ -31,6 +31,7 @@ import codecs
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,12 +136,14 @@ def train_command(args, decision) -> tuple[dict, str]:
     return environment, f".venv/bin/python train.py {shlex.join(train_args)}"
 
 
-def follow(gcloud: Gcloud, args, attempt: int, deadline: float | None = None) -> tuple[int | None, str]:
-    """Streams job `attempt`'s log until it ends: (exit code, 'exited'), or (None, 'vanished' | 'unreachable' |
-    'timeout'). SSH failures are retried with back-off; the job is never touched by them."""
-    offset, failures, dead_polls = 0, 0, 0
+def follow(gcloud: Gcloud, args, state: dict, deadline: float | None = None) -> tuple[int | None, str]:
+    """Streams the log of job state['attempt'] from byte state['offset'] until the job ends: (exit code, 'exited'),
+    or (None, 'vanished' | 'unreachable' | 'timeout'). SSH failures are retried with back-off; the job is never
+    touched by them. state['offset'] advances with what was shown, so a later call continues without repeats."""
+    attempt, failures, dead_polls = state["attempt"], 0, 0
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     while True:
+        offset = state["offset"]
         result = gcloud.ssh(poll_command(REMOTE_DIR, attempt, offset), check=False, capture=True, quiet=True,
                             text=False)
         poll = parse_poll(result.stdout or b"", offset) if result.returncode == 0 else None
@@ -156,9 +159,13 @@ def follow(gcloud: Gcloud, args, attempt: int, deadline: float | None = None) ->
         if failures:
             print(f"[tpu_vm] reconnected; the log continues from byte {offset}.", flush=True)
             failures = 0
-        sys.stdout.write(decoder.decode(poll.chunk))
-        sys.stdout.flush()
-        offset += len(poll.chunk)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # Ctrl-C after, not while, showing a chunk:
+        try:  # otherwise the log could show a chunk twice or skip it.
+            sys.stdout.write(decoder.decode(poll.chunk))
+            sys.stdout.flush()
+            state["offset"] = offset + len(poll.chunk)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         if poll.exit_code is not None:
             return poll.exit_code, "exited"
         dead_polls = 0 if poll.alive else dead_polls + 1
@@ -169,12 +176,12 @@ def follow(gcloud: Gcloud, args, attempt: int, deadline: float | None = None) ->
         gcloud.sleep(args.poll_seconds)
 
 
-def stop_job(gcloud: Gcloud, args, attempt: int) -> bool:
+def stop_job(gcloud: Gcloud, args, state: dict) -> bool:
     """SIGTERM to the job, then follow it until it has ended; True once it has (confirmed by its exit code)."""
     print(f"\n[tpu_vm] Ctrl-C: stopping the job (SIGTERM: it saves a checkpoint and exits {EXIT_INTERRUPTED}); "
           f"waiting up to {args.stop_timeout:g} s. Ctrl-C again to stop waiting and keep the TPU.", flush=True)
-    gcloud.ssh(stop_command(REMOTE_DIR, attempt), check=False, capture=True)
-    code, how = follow(gcloud, args, attempt, deadline=time.monotonic() + args.stop_timeout)
+    gcloud.ssh(stop_command(REMOTE_DIR, state["attempt"]), check=False, capture=True)
+    code, how = follow(gcloud, args, state, deadline=time.monotonic() + args.stop_timeout)
     print(f"[tpu_vm] the job {'exited with ' + str(code) if how == 'exited' else how}.", flush=True)
     return how in ("exited", "vanished")
 
@@ -183,7 +190,7 @@ def run_jobs(gcloud: Gcloud, args, decision, state: dict) -> int:
     """Starts the job and restarts it after recognised interruptions; returns the final exit code."""
     environment, command = train_command(args, decision)
     for attempt in range(args.max_restarts + 1):
-        state["attempt"] = attempt
+        state["attempt"], state["offset"] = attempt, 0
         state["job_may_run"] = True  # From here on, a failure must not delete the TPU under a running job.
         started = gcloud.ssh(start_command(REMOTE_DIR, attempt, environment, command), check=False, capture=True)
         if args.dry_run:
@@ -199,7 +206,7 @@ def run_jobs(gcloud: Gcloud, args, decision, state: dict) -> int:
             state["job_may_run"] = False
             raise LauncherError(f"the job did not start on worker 0 (exit {started.returncode}): "
                                 f"{((started.stdout or '') + (started.stderr or ''))[-500:]}")
-        code, how = follow(gcloud, args, attempt)
+        code, how = follow(gcloud, args, state)
         if code == 0:
             state["job_may_run"] = False
             return 0
@@ -247,7 +254,7 @@ def main(argv: list[str]) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_CONFIG_ERROR
-    gcloud, state, code, keep_reason = Gcloud(args), {"job_may_run": False, "attempt": 0}, 1, None
+    gcloud, state, code, keep_reason = Gcloud(args), {"job_may_run": False, "attempt": 0, "offset": 0}, 1, None
     try:
         if not args.skip_create:
             gcloud.create()
@@ -257,7 +264,7 @@ def main(argv: list[str]) -> int:
         code = EXIT_INTERRUPTED
         if state["job_may_run"]:
             try:
-                stopped = stop_job(gcloud, args, state["attempt"])
+                stopped = stop_job(gcloud, args, state)
             except KeyboardInterrupt:
                 stopped = False
             keep_reason = None if stopped else "the job has not confirmed that it stopped"

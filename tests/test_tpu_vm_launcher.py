@@ -231,9 +231,12 @@ def test_ctrl_c_stops_the_job_and_deletes_the_tpu_only_once_it_has_stopped(fake_
             process.send_signal(signal.SIGINT)
             break
     started = time.monotonic()
-    output = "".join(lines) + process.communicate(timeout=60)[0]
+    output = "".join(lines) + process.stdout.read()  # Not communicate(timeout=...): it would skip read-ahead lines.
+    process.wait(timeout=60)
     assert process.returncode == 3, output
     assert time.monotonic() - started < 30
+    steps = _steps(output, 0)
+    assert steps == list(range(len(steps))) and len(steps) >= 6  # Streamed on while stopping, no line twice.
     stopped = output.index("SIGTERM: checkpoint saved at the last loop")  # The job's own log, streamed.
     assert output.index("the job exited with 3") > stopped
     assert fake_gcloud.verbs()[-1] == "tpu-vm:delete"
