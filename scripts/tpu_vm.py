@@ -236,6 +236,8 @@ def run_jobs(gcloud: Gcloud, args, decision, state: dict) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    # Ctrl-C (or `kill -INT`) stops the job cleanly even when started from a background shell, which ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         parse_accelerator_type(args.accelerator_type)
     except ValueError as error:
