@@ -2,8 +2,8 @@
 
 No TPU and no Colab here: the notebook must say so plainly and fall back to the tiny offline config, whose preflight
 and training cells really call the template (a broken import or API fails this test). A one-chip Colab TPU runtime
-is faked by its accelerator type alone (TPU_ACCELERATOR_TYPE, as Colab sets it): the notebook must pick the one-chip
-config for it, and still fall back when TensorFlow finds no chip.
+is faked by its accelerator type alone (TPU_ACCELERATOR_TYPE, the start-up's first source; the chip itself cannot
+be faked): the notebook must pick the one-chip config for it, and still fall back when TensorFlow finds no chip.
 """
 
 import json

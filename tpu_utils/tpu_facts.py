@@ -1,7 +1,8 @@
 """Facts about the TPU runtime this process is on, gathered without importing TensorFlow or libtpu.
 
 Sources, most explicit first:
-- `TPU_ACCELERATOR_TYPE` in the environment (set by Colab's TPU runtimes and by scripts/tpu_vm.py);
+- `TPU_ACCELERATOR_TYPE` in the environment (scripts/tpu_vm.py sets it; set it yourself, e.g. `v5litepod-1`,
+  where nothing else tells the generation);
 - the TPU VM metadata server's `instance/attributes/accelerator-type` (Cloud TPU VMs), asked only when this host
   has TPU chips, with a 2 s timeout, and never when `TPU_SKIP_MDS_QUERY` is set;
 - TPU chips on the PCI bus (`/sys/bus/pci/devices/*/vendor` and `device`: generation and chip count) and the

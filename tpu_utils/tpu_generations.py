@@ -47,7 +47,7 @@ _BY_PREFIX = {prefix: generation for generation in GENERATIONS for prefix in gen
 CHIPS_PER_POD_HOST = 4
 
 # PCI device IDs of Google TPU chips (vendor 0x1ae0) under /sys/bus/pci/devices, as JAX's hardware_utils.py reads
-# them; v2 and v3 share one ID (both classic, two devices per chip, so the decision is the same).
+# them (not checked on hardware here); v2 and v3 share one ID (both classic, two devices per chip: same decision).
 GOOGLE_PCI_VENDOR = "0x1ae0"
 PCI_DEVICE_GENERATIONS = {"0x0027": "v3", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e", "0x006f": "v6e"}
 
