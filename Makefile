@@ -22,7 +22,7 @@ check-invariance:  ## Replica-invariance check of the default config at 1, 2, 4 
 	$(PYTHON) -m training.replica_invariance --gin_file=configs/default.gin
 
 preflight-tpu:  ## Check every TPU config on this CPU (set BUCKET=gs://... for their DATA_DIR and model_dir).
-	@for config in configs/tpu/*_v*.gin; do echo "== $$config"; $(PYTHON) train.py --gin_file=$$config --preflight \
+	@for config in $(filter-out configs/tpu/tpu_base.gin,$(wildcard configs/tpu/*.gin)); do echo "== $$config"; $(PYTHON) train.py --gin_file=$$config --preflight \
 	  --gin_param="DATA_DIR='$(BUCKET)/tensorflow_datasets'" --model_dir=$(BUCKET)/runs/preflight || exit $$?; done
 
 train-two-workers:  ## The digits MLP on two local worker processes (MultiWorkerMirroredStrategy).

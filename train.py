@@ -47,6 +47,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     for package in ("training", "tpu_utils", "data", "models"):  # Our progress lines; libraries stay at WARNING.
         logging.getLogger(package).setLevel(logging.INFO)
+    if not args.preflight:  # On a TPU, before TensorFlow loads: PJRT on v5e and later (tpu_utils/tpu_startup.py).
+        from tpu_utils.tpu_startup import prepare_tpu_environment
+
+        prepare_tpu_environment()
 
     from training import config_files
     from training.errors import (EXIT_PREFLIGHT_FAILED, ConfigError, NonFiniteLossError, StorageError,

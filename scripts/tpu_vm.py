@@ -1,144 +1,288 @@
-"""Train on a Cloud TPU VM from your machine: create it, install, train, stream the logs, delete it.
+"""Train on a Cloud TPU VM from your machine: create it, install, train detached, stream the log, delete it.
 
-  python scripts/tpu_vm.py --name=my-tpu --zone=us-central1-b --accelerator_type=v3-8 --version=tpu-vm-tf-2.x.y \\
-      -- --gin_file=configs/tpu/cifar10_resnet_v3_8.gin --model_dir=gs://BUCKET/runs/c10
-  python scripts/tpu_vm.py ... --dry_run     # print the gcloud commands, run nothing
+  python scripts/tpu_vm.py --name=my-tpu --zone=us-central2-b --accelerator_type=v4-8 --version=tpu-vm-tf-2.x.y \\
+      -- --gin_file=configs/tpu/cifar10_resnet_v4_8.gin --model_dir=gs://BUCKET/runs/c10
+  python scripts/tpu_vm.py ... --queued --spot      # wait in Google's queue for (spot) capacity
+  python scripts/tpu_vm.py ... --dry_run            # print the gcloud commands, run nothing
 
-Steps (each a `gcloud compute tpus tpu-vm` command):
- 1. create the TPU VM (`--version` is the TPU software version, e.g. tpu-vm-tf-2.x.y[-pod][-pjrt]: no 2.20 image
-    name is documented, so it is a parameter; `--spot` for spot capacity);
- 2. copy this working tree to every worker and install requirements-tpu.txt in a Python 3.11 virtualenv there
-    (`--worker=all`: on a pod slice every host runs a TPU server and needs the code);
- 3. run `train.py ARGS` on worker 0 only. Pod slices (more than 8 chips/cores, i.e. several hosts) are driven by
-    TensorFlow's single client: `TPU=<name>` and `TPU_LOAD_LIBRARY=0`; single hosts use `TPU='local'`;
- 4. with `--max_restarts N`: if training ends with exit 3 (SIGTERM: maintenance, preemption) or the TPU was
-    preempted, recreate the TPU if needed and rerun the same command: it resumes from the gs:// checkpoint;
- 5. delete the TPU when training ends, fails or is interrupted (unless `--keep`), so no idle chip is billed.
-The exit code is the training command's (0 done, 2 config error, 3 interrupted, 4 non-finite loss).
+Steps (each a `gcloud compute tpus ...` command):
+ 1. create the TPU VM (`--version` is the TPU software version: no TF 2.20 image name is documented, so it is a
+    parameter), or with `--queued` a queued resource, waiting with progress lines until it is ACTIVE. Capacity
+    errors (RESOURCE_EXHAUSTED, "no more capacity", quota) are retried with back-off, `--capacity_retries` times;
+ 2. copy this working tree to every worker and install requirements-tpu.txt in a Python 3.11 virtualenv there;
+ 3. start `train.py ARGS` detached on worker 0 (`setsid nohup`, log and pid in ~/tpu-template/job/) and poll its
+    log over SSH. A dropped SSH connection is retried: the job keeps running and the log resumes where it stopped.
+    PJRT (v5e, v5p, v6e) or the classic runtime is decided from the accelerator type by the same start-up code as
+    train.py's (tpu_utils/tpu_startup.py). Pod slices are driven by TensorFlow's single client on worker 0
+    (`TPU=<name>`, `TPU_LOAD_LIBRARY=0`); their TPU runtime must be a `-pod` runtime of the same TensorFlow as
+    requirements-tpu.txt, or `--tpu_server_image` realigns every host's TPU server; otherwise nothing is created;
+ 4. with `--max_restarts N`, every interruption it can recognise is resumed from the checkpoint: exit 3 (train.py
+    stopped by SIGTERM), death by SIGTERM (143), a job that vanished without an exit code, a preempted or deleted
+    TPU (recreated and reinstalled first);
+ 5. delete the TPU only when the job has ended (done, failed, or restarts used up), or on Ctrl-C once the job has
+    confirmed it stopped (SIGTERM: it checkpoints and exits 3). A TPU whose job may still be running is kept, with
+    the command to delete it. `--keep` always keeps it.
+The exit code is the training command's (0 done, 2 config error, 3 interrupted, 4 non-finite loss), 1 if the launch
+itself failed, 2 for bad launcher flags.
 """
 
 import argparse
+import codecs
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
+
+from tpu_utils.cloud_tpu import Gcloud, LauncherError  # noqa: E402
+from tpu_utils.remote_job import parse_poll, poll_command, start_command, started_pid, stop_command  # noqa: E402
+from tpu_utils.tpu_facts import RuntimeFacts  # noqa: E402
+from tpu_utils.tpu_generations import parse_accelerator_type  # noqa: E402
+from tpu_utils.tpu_startup import PJRT_ENV, decide  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REMOTE_DIR = "tpu-template"  # In the home directory of each worker.
 INSTALL = ("sudo apt-get update -qq && sudo apt-get install -y -qq python3.11 python3.11-venv && "
            f"mkdir -p ~/{REMOTE_DIR} && tar xzf ~/{REMOTE_DIR}.tgz -C ~/{REMOTE_DIR} && cd ~/{REMOTE_DIR} && "
            "python3.11 -m venv .venv && .venv/bin/pip install -q -r requirements-tpu.txt")
-# PJRT software versions (v5e, v5p, v6e) load libtpu as a pluggable device (shared/notes/tpu-facts.md).
-PJRT_ENV = ("export NEXT_PLUGGABLE_DEVICE_USE_C_API=true TF_PLUGGABLE_DEVICE_LIBRARY_PATH=$(.venv/bin/python -c "
-            "'import libtpu, os; print(os.path.join(os.path.dirname(libtpu.__file__), \"libtpu.so\"))') && ")
-EXIT_INTERRUPTED = 3
+# Rewrites every host's TPU server to another TensorFlow image, as Google's TF pod tests do (not verified here).
+ALIGN_TPU_SERVER = ("sudo sed -i 's|TF_DOCKER_URL=[^\" ]*|TF_DOCKER_URL={image}|' {unit} && grep -q {image} {unit} && "
+                    "sudo systemctl daemon-reload && sudo systemctl restart tpu-runtime")
+TPU_RUNTIME_UNIT = "/etc/systemd/system/tpu-runtime.service"
+EXIT_CONFIG_ERROR, EXIT_INTERRUPTED = 2, 3
+RETRYABLE_EXIT_CODES = (3, 143, -15)  # train.py's SIGTERM exit; killed by SIGTERM (shell, Python).
+GONE_STATES = ("PREEMPTED", "TERMINATED", "NOT_FOUND")
+_IMAGE = re.compile(r"[\w./:@-]+")
+_TF_RUNTIME = re.compile(r"tpu-vm-tf-(\d+\.\d+)[.\w]*?(-pod)?(?:-pjrt|-se)?")
 
 
-def is_multi_host(accelerator_type: str) -> bool:
-    """v3-8, v4-8, v5litepod-8: one host; more than 8 cores/chips (v3-32, v4-16, v5litepod-16): a pod slice."""
-    match = re.fullmatch(r"v\d+[a-z]*(?:pod)?-(\d+)", accelerator_type)
-    if not match:
-        raise SystemExit(f"--accelerator_type={accelerator_type!r}: expected e.g. v3-8, v4-8, v3-32, v5litepod-16.")
-    return int(match.group(1)) > 8
+def pinned_tensorflow_tpu() -> str:
+    """The tensorflow-tpu version requirements-tpu.txt installs on the workers (the pod's client TensorFlow)."""
+    with open(os.path.join(REPO_ROOT, "requirements-tpu.txt")) as handle:
+        match = re.search(r"^tensorflow-tpu==(\S+)", handle.read(), re.MULTILINE)
+    return match.group(1)
 
 
-class Gcloud:
-    """Runs (or, in a dry run, prints) gcloud commands for one TPU VM."""
+def pod_runtime_problem(accelerator_type: str, version: str, client: str, server_image: str | None) -> str | None:
+    """Why `version` cannot run a pod slice with TensorFlow `client` on worker 0, or None if it can."""
+    match = _TF_RUNTIME.fullmatch(version)
+    minor = ".".join(client.split(".")[:2])
+    if not match or not match.group(2):
+        return (f"{accelerator_type} is a pod slice, and --version={version!r} is not a TensorFlow pod runtime: "
+                "every host must run TensorFlow's TPU server, which only the tpu-vm-tf-X.Y.Z-pod[-pjrt] runtimes "
+                f"start. Pass --version=tpu-vm-tf-{minor}.0-pod-pjrt (v5e and later) or tpu-vm-tf-{minor}.0-pod "
+                "if Google publishes it, or an older pod runtime with --tpu_server_image.")
+    if match.group(1) != minor and not server_image:
+        return (f"the TPU runtime {version} runs TensorFlow {match.group(1)} in every host's TPU server, but worker "
+                f"0's client is tensorflow-tpu {client} (requirements-tpu.txt); a pod needs the same TensorFlow on "
+                f"both. Fix: --tpu_server_image=<TF {minor} TPU server image> rewrites {TPU_RUNTIME_UNIT} on every "
+                f"worker (as Google's TensorFlow tests do; not verified here), or use a tpu-vm-tf-{minor}.x-pod "
+                f"runtime if one exists (the newest documented is 2.18), or install TensorFlow {match.group(1)} on "
+                "the workers instead.")
+    return None
 
-    def __init__(self, args):
-        self.args = args
-        self.base = ["--zone", args.zone] + (["--project", args.project] if args.project else [])
 
-    def run(self, *command: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
-        print("+ " + shlex.join(command), flush=True)
-        if self.args.dry_run:
-            return subprocess.CompletedProcess(command, 0, stdout="")
-        result = subprocess.run(command, text=True, capture_output=capture)  # Streams output unless captured.
-        if check and result.returncode:
-            raise subprocess.CalledProcessError(result.returncode, command)
-        return result
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--name", required=True, help="TPU VM name (lowercase letters, digits, hyphens)")
+    add("--zone", required=True, help="e.g. us-central1-b (the bucket should be in its region)")
+    add("--accelerator_type", required=True, help="e.g. v4-8, v5litepod-8, v5p-8, v6e-8, v3-32")
+    add("--version", required=True, help="TPU software version, e.g. tpu-vm-tf-2.x.y[-pod][-pjrt], v2-alpha-tpuv6e")
+    add("--project", default=None, help="GCP project (default: gcloud's)")
+    add("--spot", action="store_true", help="spot capacity (cheaper, can be preempted)")
+    add("--queued", action="store_true", help="create through queued resources: wait for capacity in Google's queue")
+    add("--queue_poll_seconds", type=float, default=30, help="how often to check a queued resource")
+    add("--queue_timeout_minutes", type=float, default=24 * 60, help="give up waiting in the queue (0 = never)")
+    add("--capacity_retries", type=int, default=5, help="retries of a create that found no capacity")
+    add("--retry_seconds", type=float, default=60, help="first wait after a capacity error (doubles each time)")
+    add("--max_restarts", type=int, default=0, help="reruns after an interruption or preemption (they resume)")
+    add("--poll_seconds", type=float, default=15, help="how often to fetch the job's log")
+    add("--ssh_retries", type=int, default=20, help="consecutive failed SSH polls before giving up (TPU kept)")
+    add("--stop_timeout", type=float, default=600, help="seconds to wait for the job to stop after Ctrl-C")
+    add("--tpu_server_image", default=None, help="pods: TPU server image to run on every host (aligns its TF)")
+    add("--keep", action="store_true", help="do not delete the TPU at the end")
+    add("--skip_create", action="store_true", help="the TPU exists already (still deleted at the end)")
+    add("--dry_run", action="store_true", help="print the gcloud commands, run nothing")
+    add("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of train.py")
+    args = parser.parse_args(argv)
+    args.train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    return args
 
-    def tpu(self, verb: str, *extra: str, **options) -> subprocess.CompletedProcess:
-        return self.run("gcloud", "compute", "tpus", "tpu-vm", verb, self.args.name, *self.base, *extra, **options)
 
-    def create(self) -> None:
-        self.tpu("create", f"--accelerator-type={self.args.accelerator_type}", f"--version={self.args.version}",
-                 *(["--spot"] if self.args.spot else []))
+def install(gcloud: Gcloud, args, pod: bool) -> None:
+    archive = os.path.join(tempfile.gettempdir(), f"{REMOTE_DIR}.tgz")
+    gcloud.run("tar", "czf", archive, "--exclude=.venv", "--exclude=.git", "--exclude=runs", "--exclude=__pycache__",
+               "--exclude=.pytest_cache", "-C", REPO_ROOT, ".")
+    gcloud.run("gcloud", "compute", "tpus", "tpu-vm", "scp", archive, f"{args.name}:~/{REMOTE_DIR}.tgz", *gcloud.base,
+               "--worker=all")
+    gcloud.ssh(INSTALL, worker="all")
+    if pod and args.tpu_server_image:
+        gcloud.ssh(ALIGN_TPU_SERVER.format(image=args.tpu_server_image, unit=TPU_RUNTIME_UNIT), worker="all")
 
-    def install(self) -> None:
-        archive = os.path.join(tempfile.gettempdir(), f"{REMOTE_DIR}.tgz")
-        self.run("tar", "czf", archive, "--exclude=.venv", "--exclude=.git", "--exclude=runs", "--exclude=__pycache__",
-                 "--exclude=.pytest_cache",
-                 "-C", REPO_ROOT, ".")
-        self.run("gcloud", "compute", "tpus", "tpu-vm", "scp", archive, f"{self.args.name}:~/{REMOTE_DIR}.tgz",
-                 *self.base, "--worker=all")
-        self.tpu("ssh", "--worker=all", f"--command={INSTALL}")
 
-    def train(self, train_args: list[str]) -> int:
-        train_args = [*train_args, f"--gin_param=experiment.tpu_zone='{self.args.zone}'"]  # Bucket region check.
-        if is_multi_host(self.args.accelerator_type):
-            train_args = [*train_args, f"--gin_param=TPU='{self.args.name}'"]
-            environment = "export TPU_LOAD_LIBRARY=0 && "  # Leave the chips to the TPU servers on every host.
+def train_command(args, decision) -> tuple[dict, str]:
+    """(environment, command) of train.py on worker 0. train.py's start-up sets PJRT from TPU_ACCELERATOR_TYPE
+    with the VM's libtpu path; pods also get TPU_LOAD_LIBRARY=0 from the same decision."""
+    train_args = [*args.train_args, f'--gin_param=experiment.tpu_zone="{args.zone}"']  # Bucket region check.
+    train_args.append(f'--gin_param=TPU="{args.name}"' if decision.pod else '--gin_param=TPU="local"')
+    environment = {"TPU_ACCELERATOR_TYPE": args.accelerator_type,
+                   **{key: value for key, value in decision.env.items() if key not in PJRT_ENV}}
+    return environment, f".venv/bin/python train.py {shlex.join(train_args)}"
+
+
+def follow(gcloud: Gcloud, args, state: dict, deadline: float | None = None) -> tuple[int | None, str]:
+    """Streams the log of job state['attempt'] from byte state['offset'] until the job ends: (exit code, 'exited'),
+    or (None, 'vanished' | 'unreachable' | 'timeout'). SSH failures are retried with back-off; the job is never
+    touched by them. state['offset'] advances with what was shown, so a later call continues without repeats."""
+    attempt, failures, dead_polls = state["attempt"], 0, 0
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    while True:
+        offset = state["offset"]
+        result = gcloud.ssh(poll_command(REMOTE_DIR, attempt, offset), check=False, capture=True, quiet=True,
+                            text=False)
+        poll = parse_poll(result.stdout or b"", offset) if result.returncode == 0 else None
+        if poll is None:
+            failures += 1
+            if failures > args.ssh_retries:
+                return None, "unreachable"
+            wait = min(args.poll_seconds * 2 ** failures, 120)
+            print(f"\n[tpu_vm] SSH to worker 0 failed (exit {result.returncode}); the job is left running. "
+                  f"Reconnecting in {wait:g} s ({failures} of {args.ssh_retries}).", flush=True)
+            gcloud.sleep(wait)
+            continue
+        if failures:
+            print(f"[tpu_vm] reconnected; the log continues from byte {offset}.", flush=True)
+            failures = 0
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # Ctrl-C after, not while, showing a chunk:
+        try:  # otherwise the log could show a chunk twice or skip it.
+            sys.stdout.write(decoder.decode(poll.chunk))
+            sys.stdout.flush()
+            state["offset"] = offset + len(poll.chunk)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if poll.exit_code is not None:
+            return poll.exit_code, "exited"
+        dead_polls = 0 if poll.alive else dead_polls + 1
+        if dead_polls >= 2:  # Twice: the wrapper may be between train.py's exit and writing the code.
+            return None, "vanished"
+        if deadline is not None and time.monotonic() > deadline:
+            return None, "timeout"
+        gcloud.sleep(args.poll_seconds)
+
+
+def stop_job(gcloud: Gcloud, args, state: dict) -> bool:
+    """SIGTERM to the job, then follow it until it has ended; True once it has (confirmed by its exit code)."""
+    print(f"\n[tpu_vm] Ctrl-C: stopping the job (SIGTERM: it saves a checkpoint and exits {EXIT_INTERRUPTED}); "
+          f"waiting up to {args.stop_timeout:g} s. Ctrl-C again to stop waiting and keep the TPU.", flush=True)
+    gcloud.ssh(stop_command(REMOTE_DIR, state["attempt"]), check=False, capture=True)
+    code, how = follow(gcloud, args, state, deadline=time.monotonic() + args.stop_timeout)
+    print(f"[tpu_vm] the job {'exited with ' + str(code) if how == 'exited' else how}.", flush=True)
+    return how in ("exited", "vanished")
+
+
+def run_jobs(gcloud: Gcloud, args, decision, state: dict) -> int:
+    """Starts the job and restarts it after recognised interruptions; returns the final exit code."""
+    environment, command = train_command(args, decision)
+    for attempt in range(args.max_restarts + 1):
+        state["attempt"], state["offset"] = attempt, 0
+        state["job_may_run"] = True  # From here on, a failure must not delete the TPU under a running job.
+        started = gcloud.ssh(start_command(REMOTE_DIR, attempt, environment, command), check=False, capture=True)
+        if args.dry_run:
+            print("+ (then polls) " + poll_command(REMOTE_DIR, attempt, 0), flush=True)
+            return 0
+        pid = started_pid(started.stdout or "")
+        if pid is not None:
+            print(f"[tpu_vm] job {attempt} started on worker 0 (pid {pid}); log ~/{REMOTE_DIR}/job/{attempt}.log",
+                  flush=True)
+        elif started.returncode == 255:  # SSH dropped: the job may or may not have started; the polls will tell.
+            print(f"[tpu_vm] SSH dropped while starting job {attempt}; checking whether it runs.", flush=True)
         else:
-            train_args = [*train_args, "--gin_param=TPU='local'"]
-            environment = PJRT_ENV if "pjrt" in self.args.version else ""
-        command = f"cd ~/{REMOTE_DIR} && {environment}.venv/bin/python train.py {shlex.join(train_args)}"
-        return self.tpu("ssh", "--worker=0", f"--command={command}", check=False).returncode
-
-    def state(self) -> str:
-        result = self.tpu("describe", "--format=value(state)", check=False, capture=True)
-        return (result.stdout or "").strip()
-
-    def delete(self) -> None:
-        self.tpu("delete", "--quiet", check=False)
+            state["job_may_run"] = False
+            raise LauncherError(f"the job did not start on worker 0 (exit {started.returncode}): "
+                                f"{((started.stdout or '') + (started.stderr or ''))[-500:]}")
+        code, how = follow(gcloud, args, state)
+        if code == 0:
+            state["job_may_run"] = False
+            return 0
+        tpu_state = gcloud.state()
+        gone = tpu_state in GONE_STATES
+        if how == "unreachable" and not gone:
+            raise LauncherError(f"worker 0 did not answer {args.ssh_retries} SSH polls and the TPU is "
+                                f"{tpu_state or 'in an unknown state'}: the job may still be running.")
+        state["job_may_run"] = False
+        what = f"exited with {code}" if how == "exited" else f"{how} (no exit code)"
+        retryable = code in RETRYABLE_EXIT_CODES or how != "exited" or gone
+        if not retryable:
+            print(f"[tpu_vm] the job {what}: a failure a rerun would repeat; not restarting.", flush=True)
+            return code
+        if attempt == args.max_restarts:
+            print(f"[tpu_vm] the job {what} (TPU {tpu_state or 'state unknown'}); no restarts left "
+                  f"(--max_restarts={args.max_restarts}).", flush=True)
+            return code if code is not None else EXIT_INTERRUPTED
+        print(f"[tpu_vm] the job {what} (TPU {tpu_state or 'state unknown'}): resuming, restart {attempt + 1} of "
+              f"{args.max_restarts}.", flush=True)
+        if gone:
+            gcloud.delete()
+            gcloud.create()
+            install(gcloud, args, decision.pod)
+    return EXIT_INTERRUPTED
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--name", required=True, help="TPU VM name (lowercase letters, digits, hyphens)")
-    parser.add_argument("--zone", required=True, help="e.g. us-central1-b (the bucket should be in its region)")
-    parser.add_argument("--accelerator_type", required=True, help="e.g. v3-8, v4-8, v3-32")
-    parser.add_argument("--version", required=True, help="TPU software version, e.g. tpu-vm-tf-2.x.y[-pod][-pjrt]")
-    parser.add_argument("--project", default=None, help="GCP project (default: gcloud's)")
-    parser.add_argument("--spot", action="store_true", help="spot capacity (cheaper, preemptible)")
-    parser.add_argument("--max_restarts", type=int, default=0, help="reruns after preemption or SIGTERM (resume)")
-    parser.add_argument("--keep", action="store_true", help="do not delete the TPU at the end")
-    parser.add_argument("--skip_create", action="store_true", help="the TPU exists already (still deleted at the end)")
-    parser.add_argument("--dry_run", action="store_true", help="print the gcloud commands, run nothing")
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of train.py")
-    args = parser.parse_args(argv)
-    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    is_multi_host(args.accelerator_type)  # Validates it before anything is created.
-    gcloud = Gcloud(args)
-    code = 1
+    args = parse_args(argv)
+    # Ctrl-C (or `kill -INT`) stops the job cleanly even when started from a background shell, which ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        parse_accelerator_type(args.accelerator_type)
+    except ValueError as error:
+        print(f"error: --accelerator_type={args.accelerator_type!r}: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    if args.tpu_server_image and not _IMAGE.fullmatch(args.tpu_server_image):
+        print(f"error: --tpu_server_image={args.tpu_server_image!r}: expected an image reference such as "
+              "gcr.io/PROJECT/IMAGE:TAG (letters, digits and ./:@_-).", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    decision = decide(RuntimeFacts(accelerator_type=args.accelerator_type, accelerator_type_source="--accelerator_type",
+                                   libtpu_path="<the VM's site-packages>/libtpu/libtpu.so"))
+    print(f"[tpu_vm] {decision.summary()} (set on the VM by train.py's start-up)", flush=True)
+    if decision.pod:
+        problem = pod_runtime_problem(args.accelerator_type, args.version, pinned_tensorflow_tpu(),
+                                      args.tpu_server_image)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+    gcloud, state, code, keep_reason = Gcloud(args), {"job_may_run": False, "attempt": 0, "offset": 0}, 1, None
     try:
         if not args.skip_create:
             gcloud.create()
-        gcloud.install()
-        for attempt in range(args.max_restarts + 1):
-            code = gcloud.train(train_args)
-            if code == 0 or attempt == args.max_restarts:
-                break
-            state = gcloud.state()
-            if code != EXIT_INTERRUPTED and state not in ("PREEMPTED", "TERMINATED"):
-                break  # A real failure: rerunning would fail the same way.
-            print(f"[tpu_vm] training ended with {code} (TPU state {state or 'unknown'}): resuming, restart "
-                  f"{attempt + 1} of {args.max_restarts}.", flush=True)
-            if state in ("PREEMPTED", "TERMINATED"):
-                gcloud.delete()
-                gcloud.create()
-                gcloud.install()
-    except subprocess.CalledProcessError as error:
-        print(f"[tpu_vm] failed: {shlex.join(error.cmd)} exited with {error.returncode}.", file=sys.stderr, flush=True)
+        install(gcloud, args, decision.pod)
+        code = run_jobs(gcloud, args, decision, state)
     except KeyboardInterrupt:
-        print("[tpu_vm] interrupted.", file=sys.stderr, flush=True)
         code = EXIT_INTERRUPTED
+        if state["job_may_run"]:
+            try:
+                stopped = stop_job(gcloud, args, state)
+            except KeyboardInterrupt:
+                stopped = False
+            keep_reason = None if stopped else "the job has not confirmed that it stopped"
+    except (LauncherError, subprocess.CalledProcessError) as error:
+        detail = f"{shlex.join(error.cmd)} exited with {error.returncode}" if isinstance(
+            error, subprocess.CalledProcessError) else str(error)
+        print(f"[tpu_vm] failed: {detail}", file=sys.stderr, flush=True)
+        code = 1
+        keep_reason = "the job may still be running" if state["job_may_run"] else None
     finally:
-        if args.keep:
-            print(f"[tpu_vm] keeping {args.name}: delete it with `gcloud compute tpus tpu-vm delete {args.name} "
-                  f"--zone={args.zone}`; it is billed while it exists.", flush=True)
+        if args.keep or keep_reason:
+            print(f"[tpu_vm] keeping {args.name}{' (' + keep_reason + ')' if keep_reason else ''}: check it with "
+                  f"`gcloud compute tpus tpu-vm ssh {args.name} --zone={args.zone} --worker=0`, delete it with "
+                  f"`gcloud compute tpus {'queued-resources' if args.queued else 'tpu-vm'} delete {args.name} "
+                  f"--zone={args.zone}{' --force' if args.queued else ''}`; it is billed while it exists.",
+                  flush=True)
         else:
             gcloud.delete()
     return code

@@ -105,3 +105,25 @@ def test_local_paths_under_a_tpu_strategy_do_their_io_on_this_host():
     assert io_device_for(tpu_strategy, "/home/me/runs/c10") == "/job:localhost"
     assert io_device_for(tpu_strategy, "gs://bucket/runs/c10") is None
     assert io_device_for(tf.distribute.get_strategy(), "/home/me/runs/c10") is None
+
+
+def test_a_pjrt_tpu_without_the_start_up_variables_says_how_to_set_them():
+    """Faked (no TPU here): a v5e-1's accelerator type and an installed-looking libtpu; the start-up was skipped."""
+    script = ("import os, sys\n"
+              "from tpu_utils import tpu_init\n"
+              "from tpu_utils.tpu_facts import RuntimeFacts\n"
+              "tpu_init.gather_facts = lambda environ: RuntimeFacts(accelerator_type='v5litepod-1',\n"
+              "                                                     libtpu_path='/site-packages/libtpu/libtpu.so')\n"
+              "print('HINT:', tpu_init.missing_startup_variables({}))\n"
+              "print('SET:', repr(tpu_init.missing_startup_variables({'NEXT_PLUGGABLE_DEVICE_USE_C_API': 'true',\n"
+              "      'TF_PLUGGABLE_DEVICE_LIBRARY_PATH': '/site-packages/libtpu/libtpu.so'})))\n"
+              "try:\n"
+              "    tpu_init.make_tpu_strategy('local', startup_timeout_seconds=60)\n"
+              "except tpu_init.ConfigError as error:\n"
+              "    print('ERROR:', error)\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert "HINT: NEXT_PLUGGABLE_DEVICE_USE_C_API and TF_PLUGGABLE_DEVICE_LIBRARY_PATH were not set" in result.stdout, \
+        result.stdout + result.stderr
+    assert "SET: ''" in result.stdout
+    error = result.stdout.split("ERROR:", 1)[1]
+    assert "TensorFlow found no usable TPU" in error and "prepare_tpu_environment()" in error

@@ -1,14 +1,17 @@
-"""scripts/tpu_vm.py: the Cloud TPU VM launcher's commands, checked without a cloud.
+"""scripts/tpu_vm.py: the Cloud TPU VM launcher, checked without a cloud.
 
-The dry run prints the gcloud commands; the failure paths run the real script against a stand-in `gcloud` on PATH
-that records its arguments (Google Cloud cannot be reached from here), so that "delete the TPU on failure" and
-"resume after SIGTERM" are exercised as real subprocess control flow.
+Dry runs show the gcloud commands. Everything else runs the real script against tests/fake_gcloud.py, a stand-in
+`gcloud` on PATH (Google Cloud cannot be reached from here) that RUNS the launcher's job commands (start, poll,
+stop) in a local bash standing in for worker 0, with a fake train.py: so the detached job, the log offsets, the
+SSH drops, preemption, queued resources and capacity errors are exercised as real processes and shell commands.
 """
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,82 +19,224 @@ from tests.helpers import REPO_ROOT
 
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "tpu_vm.py")
 TRAIN_ARGS = ["--", "--gin_file=configs/tpu/cifar10_resnet_v3_32_pod.gin", "--model_dir=gs://bucket/run"]
+FAST = ["--poll_seconds=0.05", "--retry_seconds=0.01", "--queue_poll_seconds=0.01"]
 
 
 def _launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SCRIPT, "--name=my-pod", "--zone=us-central1-a", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+    return subprocess.run([sys.executable, SCRIPT, "--name=my-tpu", "--zone=us-central1-a", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
 
 
 def _commands(stdout: str) -> list[str]:
-    return [line[2:] for line in stdout.splitlines() if line.startswith("+ ")]
+    return [chunk.rstrip() for chunk in ("\n" + stdout).split("\n+ ")[1:]]
 
 
-def test_dry_run_for_a_pod_installs_everywhere_and_trains_on_worker_0():
-    result = _launch("--accelerator_type=v3-32", "--version=tpu-vm-tf-2.x.y-pod", "--dry_run", *TRAIN_ARGS)
+def test_dry_run_for_a_pod_installs_everywhere_and_trains_detached_on_worker_0():
+    result = _launch("--accelerator_type=v3-32", "--version=tpu-vm-tf-2.20.0-pod", "--dry_run", *TRAIN_ARGS)
     assert result.returncode == 0, result.stderr
     commands = _commands(result.stdout)
-    assert commands[0].startswith("gcloud compute tpus tpu-vm create my-pod --zone us-central1-a "
-                                  "--accelerator-type=v3-32 --version=tpu-vm-tf-2.x.y-pod")
+    assert commands[0].startswith("gcloud compute tpus tpu-vm create my-tpu --zone us-central1-a "
+                                  "--accelerator-type=v3-32 --version=tpu-vm-tf-2.20.0-pod")
     install = next(command for command in commands if "pip install" in command)
     assert "--worker=all" in install and "requirements-tpu.txt" in install and "python3.11 -m venv" in install
-    assert any("scp" in command and "--worker=all" in command for command in commands)
-    train = next(command for command in commands if "train.py" in command)
-    assert "--worker=0" in train and "--worker=all" not in train
-    assert "export TPU_LOAD_LIBRARY=0 && " in train and "TPU=" in train and "my-pod" in train
-    assert "experiment.tpu_zone=" in train and "us-central1-a" in train  # The buckets' region is checked.
-    assert commands[-1] == "gcloud compute tpus tpu-vm delete my-pod --zone us-central1-a --quiet"
+    start = next(command for command in commands if "train.py" in command)
+    assert "--worker=0" in start and "setsid nohup bash job/0.sh > job/0.log" in start
+    assert "export TPU_LOAD_LIBRARY=0" in start and 'TPU="my-tpu"' in start and "us-central1-a" in start
+    assert "pod slice, classic TPU runtime" in result.stdout
+    assert commands[-1] == "gcloud compute tpus tpu-vm delete my-tpu --zone us-central1-a --quiet"
 
 
-def test_dry_run_for_a_single_host_uses_the_local_tpu():
-    result = _launch("--accelerator_type=v5litepod-8", "--version=v2-alpha-tpuv5-lite-pjrt", "--spot", "--dry_run",
+def test_pjrt_is_decided_by_the_generation_not_the_version_string():
+    result = _launch("--accelerator_type=v5litepod-8", "--version=v2-alpha-tpuv5-lite", "--spot", "--dry_run",
                      *TRAIN_ARGS)
-    train = next(command for command in _commands(result.stdout) if "train.py" in command)
-    assert "TPU_LOAD_LIBRARY" not in train and "local" in train
-    assert "NEXT_PLUGGABLE_DEVICE_USE_C_API=true" in train  # A PJRT software version.
-    assert "--spot" in _commands(result.stdout)[0]
+    assert result.returncode == 0, result.stderr
+    assert "v5e (v5litepod-8), 8 chip(s), 8 replica(s), single host, PJRT pluggable device" in result.stdout
+    start = next(command for command in _commands(result.stdout) if "train.py" in command)
+    assert "export TPU_ACCELERATOR_TYPE=v5litepod-8" in start and 'TPU="local"' in start
+    assert "TPU_LOAD_LIBRARY" not in start and "--spot" in _commands(result.stdout)[0]
+    classic = _launch("--accelerator_type=v4-8", "--version=tpu-vm-tf-2.18.0-pjrt", "--dry_run", *TRAIN_ARGS)
+    assert "v4 (v4-8), 4 chip(s), 4 replica(s), single host, classic TPU runtime" in classic.stdout
 
 
-def test_a_bad_accelerator_type_stops_before_anything_is_created():
+def test_bad_flags_stop_before_anything_is_created():
     result = _launch("--accelerator_type=v3_8", "--version=x", "--dry_run", *TRAIN_ARGS)
-    assert result.returncode != 0 and "--accelerator_type='v3_8'" in result.stderr
+    assert result.returncode == 2 and "--accelerator_type='v3_8'" in result.stderr
     assert not _commands(result.stdout)
+
+
+def test_a_pod_whose_runtime_tensorflow_differs_is_refused_naming_both_versions():
+    result = _launch("--accelerator_type=v5litepod-16", "--version=tpu-vm-tf-2.18.0-pod-pjrt", "--dry_run",
+                     *TRAIN_ARGS)
+    assert result.returncode == 2 and not _commands(result.stdout)
+    assert "runs TensorFlow 2.18" in result.stderr and "tensorflow-tpu 2.20.0" in result.stderr
+    assert "--tpu_server_image=" in result.stderr  # The fix.
+    generic = _launch("--accelerator_type=v3-32", "--version=v2-alpha-tpuv5", "--dry_run", *TRAIN_ARGS)
+    assert generic.returncode == 2 and "not a TensorFlow pod runtime" in generic.stderr
+    aligned = _launch("--accelerator_type=v5litepod-16", "--version=tpu-vm-tf-2.18.0-pod-pjrt", "--dry_run",
+                      "--tpu_server_image=gcr.io/my-project/tpu-server:2.20", *TRAIN_ARGS)
+    assert aligned.returncode == 0, aligned.stderr
+    align = next(command for command in _commands(aligned.stdout) if "tpu-runtime.service" in command)
+    assert "--worker=all" in align and "TF_DOCKER_URL=gcr.io/my-project/tpu-server:2.20" in align
 
 
 @pytest.fixture
 def fake_gcloud(tmp_path):
-    """A `gcloud` that logs each call; training exits with the next code of TRAIN_EXIT_CODES, describe says READY."""
-    log, codes = tmp_path / "calls.jsonl", tmp_path / "codes"
-    (tmp_path / "gcloud").write_text(
-        f"#!{sys.executable}\n"
-        "import json, sys\n"
-        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        "if 'describe' in sys.argv: print('READY')\n"
-        "if any('train.py' in arg for arg in sys.argv):\n"
-        f"    codes = open({str(codes)!r}).read().split(',')\n"
-        f"    open({str(codes)!r}, 'w').write(','.join(codes[1:]))\n"
-        "    sys.exit(int(codes[0]))\n")
+    """Runs the launcher against tests/fake_gcloud.py; returns run(scenario, train_plan, *flags) ->
+    (result, verbs, stdout). Kills any job left running on the fake worker afterwards."""
+    home = tmp_path / "home" / "tpu-template" / ".venv" / "bin"
+    home.mkdir(parents=True)
+    from tests.fake_gcloud import FAKE_TRAIN
+
+    (home / "python").write_text(FAKE_TRAIN.format(python=sys.executable))
+    (home / "python").chmod(0o755)
+    (tmp_path / "gcloud").write_text(f"#!/bin/sh\nexec {sys.executable} {REPO_ROOT}/tests/fake_gcloud.py \"$@\"\n")
     (tmp_path / "gcloud").chmod(0o755)
+    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path),
+           "FAKE_GCLOUD_DIR": str(tmp_path)}
 
-    def run(train_exit_codes: str, *args: str):
-        codes.write_text(train_exit_codes)
-        result = _launch("--accelerator_type=v3-8", "--version=tpu-vm-tf-2.x.y", *args, *TRAIN_ARGS,
-                         env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path)})
-        calls = [json.loads(line) for line in log.read_text().splitlines()]
-        return result, [call[3] if call[:3] == ["compute", "tpus", "tpu-vm"] else call[0] for call in calls]
+    def write(scenario: dict, train_plan: list[dict]):  # A fresh cloud: no counters, calls, TPU or job files.
+        for leftover in [*tmp_path.glob("*.count"), tmp_path / "calls.jsonl", tmp_path / "state.txt",
+                         tmp_path / "home" / "attempts"]:
+            leftover.unlink(missing_ok=True)
+        (tmp_path / "scenario.json").write_text(json.dumps(scenario))
+        (tmp_path / "home" / "train_plan.json").write_text(json.dumps(train_plan))
 
-    return run
+    def verbs() -> list[str]:
+        calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+        return [f"{call[2]}:{call[3]}" if call[:2] == ["compute", "tpus"] else call[0] for call in calls]
+
+    def run(scenario: dict, train_plan: list[dict], *flags: str, accelerator_type: str = "v5litepod-8"):
+        write(scenario, train_plan)
+        result = _launch(f"--accelerator_type={accelerator_type}", "--version=v2-alpha-tpuv5-lite", *FAST, *flags,
+                         *TRAIN_ARGS, env=env)
+        return result, verbs()
+
+    run.env, run.write, run.verbs = env, write, verbs
+    yield run
+    job_dir = tmp_path / "home" / "tpu-template" / "job"
+    for pid_file in job_dir.glob("*.pid") if job_dir.exists() else []:
+        try:
+            os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
-def test_a_training_failure_still_deletes_the_tpu_and_returns_its_code(fake_gcloud):
-    result, verbs = fake_gcloud("4", "--max_restarts=2")
-    assert result.returncode == 4, result.stdout + result.stderr
-    # Exit 4 (non-finite loss) on a READY TPU is a real failure: no rerun, and the TPU is deleted.
-    assert verbs == ["create", "scp", "ssh", "ssh", "describe", "delete"]
+def _steps(stdout: str, attempt: int) -> list[int]:
+    return [int(line.split()[3]) for line in stdout.splitlines() if line.startswith(f"attempt {attempt} step ")]
 
 
-def test_sigterm_exit_is_resumed_then_the_tpu_is_deleted(fake_gcloud):
-    result, verbs = fake_gcloud("3,0", "--max_restarts=1")
+def _compact(verbs: list[str]) -> list[str]:
+    """Consecutive job SSH commands (start, polls) folded into one 'ssh...' entry."""
+    folded = []
+    for verb in verbs:
+        if not (verb == "tpu-vm:ssh" and folded and folded[-1] == "ssh..."):
+            folded.append("ssh..." if verb == "tpu-vm:ssh" else verb)
+    return folded
+
+
+def test_the_job_runs_detached_its_whole_log_is_streamed_then_the_tpu_is_deleted(fake_gcloud):
+    result, verbs = fake_gcloud({}, [{"lines": 30, "exit": 0}])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert verbs == ["create", "scp", "ssh", "ssh", "describe", "ssh", "delete"]
-    assert "resuming, restart 1 of 1" in result.stdout
+    assert _steps(result.stdout, 0) == list(range(30))  # Every line once, in order.
+    assert "TPU_ACCELERATOR_TYPE=v5litepod-8" in result.stdout  # Seen by train.py on the worker.
+    assert _compact(verbs) == ["tpu-vm:create", "tpu-vm:scp", "ssh...", "tpu-vm:delete"]
+
+
+def test_an_ssh_drop_mid_run_keeps_the_tpu_and_the_log_resumes(fake_gcloud):
+    # Job commands 1 = start, 2.. = polls: polls 3, 4 and 5 drop while the job runs on.
+    result, verbs = fake_gcloud({"ssh_drops": [3, 4, 5]}, [{"lines": 60, "seconds": 0.02, "exit": 0}])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SSH to worker 0 failed (exit 255); the job is left running") == 3
+    assert "reconnected; the log continues from byte" in result.stdout
+    assert _steps(result.stdout, 0) == list(range(60))
+    assert verbs.count("tpu-vm:delete") == 1 and verbs[-1] == "tpu-vm:delete"
+    assert "tpu-vm:create" not in verbs[1:]  # Not recreated, not restarted: the same job throughout.
+
+
+def test_a_worker_that_stays_unreachable_keeps_the_tpu(fake_gcloud):
+    result, verbs = fake_gcloud({"ssh_drops": list(range(2, 50))}, [{"lines": 400, "seconds": 0.02, "exit": 0}],
+                                "--ssh_retries=2")
+    assert result.returncode == 1
+    assert "tpu-vm:delete" not in verbs and "keeping my-tpu (the job may still be running)" in result.stdout
+    assert "gcloud compute tpus tpu-vm delete my-tpu --zone=us-central1-a" in result.stdout
+
+
+def test_a_failure_is_not_rerun_and_the_tpu_is_deleted(fake_gcloud):
+    result, verbs = fake_gcloud({}, [{"lines": 3, "exit": 4}], "--max_restarts=2")
+    assert result.returncode == 4 and "a failure a rerun would repeat" in result.stdout
+    assert _compact(verbs) == ["tpu-vm:create", "tpu-vm:scp", "ssh...", "tpu-vm:describe", "tpu-vm:delete"]
+
+
+@pytest.mark.parametrize("interruption", [3, "sigterm"])
+def test_an_interruption_is_resumed_then_the_tpu_is_deleted(fake_gcloud, interruption):
+    result, verbs = fake_gcloud({}, [{"lines": 3, "exit": interruption}, {"lines": 2, "exit": 0}], "--max_restarts=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"exited with {3 if interruption == 3 else 143}" in result.stdout and "restart 1 of 1" in result.stdout
+    assert _steps(result.stdout, 1) == [0, 1]
+    assert _compact(verbs) == ["tpu-vm:create", "tpu-vm:scp", "ssh...", "tpu-vm:describe", "ssh...",
+                               "tpu-vm:delete"]
+
+
+def test_restarts_used_up_end_with_the_interruption_code(fake_gcloud):
+    result, verbs = fake_gcloud({}, [{"lines": 1, "exit": 3}, {"lines": 1, "exit": 3}], "--max_restarts=1")
+    assert result.returncode == 3 and "no restarts left (--max_restarts=1)" in result.stdout
+    assert verbs[-1] == "tpu-vm:delete"
+
+
+def test_a_preempted_tpu_is_recreated_and_the_job_resumed(fake_gcloud):
+    result, verbs = fake_gcloud({"preempt_at": [4]}, [{"lines": 200, "seconds": 0.02, "exit": 0},
+                                                      {"lines": 2, "exit": 0}], "--max_restarts=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(TPU PREEMPTED): resuming, restart 1 of 1" in result.stdout
+    assert _compact(verbs) == ["tpu-vm:create", "tpu-vm:scp", "ssh...", "tpu-vm:describe", "tpu-vm:delete",
+                               "tpu-vm:create", "tpu-vm:scp", "ssh...", "tpu-vm:delete"]
+
+
+def test_queued_resources_wait_with_progress_and_are_deleted(fake_gcloud):
+    scenario = {"queued_states": ["ACCEPTED", "WAITING_FOR_RESOURCES", "WAITING_FOR_RESOURCES", "PROVISIONING"]}
+    result, verbs = fake_gcloud(scenario, [{"lines": 2, "exit": 0}], "--queued", "--spot")
+    assert result.returncode == 0, result.stdout + result.stderr
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[tpu_vm] queued resource my-tpu:")]
+    assert [line.split(": ")[1].split(" (")[0] for line in progress] == [
+        "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
+    create = next(command for command in _commands(result.stdout) if "queued-resources create" in command)
+    assert "--node-id=my-tpu" in create and "--runtime-version=v2-alpha-tpuv5-lite" in create and "--spot" in create
+    assert verbs[0] == "queued-resources:create" and verbs[-1] == "queued-resources:delete"
+    assert "gcloud compute tpus queued-resources delete my-tpu --zone us-central1-a --force --quiet" in result.stdout
+
+
+def test_a_capacity_error_is_retried_with_back_off(fake_gcloud):
+    error = "ERROR: (gcloud.compute.tpus.tpu-vm.create) RESOURCE_EXHAUSTED: There is no more capacity in the zone"
+    result, verbs = fake_gcloud({"create_errors": [error, error]}, [{"lines": 1, "exit": 0}])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "retry 1 of 5 in 0.01 s" in result.stdout and "retry 2 of 5 in 0.02 s" in result.stdout
+    assert verbs[:3] == ["tpu-vm:create"] * 3
+    exhausted, verbs = fake_gcloud({"create_errors": [error] * 3}, [], "--capacity_retries=1")
+    assert exhausted.returncode == 1
+    assert "no capacity for v5litepod-8 in us-central1-a after 2 tries" in exhausted.stderr
+    other, verbs = fake_gcloud({"create_errors": ["ERROR: PERMISSION_DENIED"]}, [])
+    assert other.returncode == 1 and "retry" not in other.stdout  # Not a capacity error: not retried.
+
+
+def test_ctrl_c_stops_the_job_and_deletes_the_tpu_only_once_it_has_stopped(fake_gcloud):
+    fake_gcloud.write({}, [{"lines": 2000, "seconds": 0.02, "exit": 0}])
+    process = subprocess.Popen([sys.executable, SCRIPT, "--name=my-tpu", "--zone=us-central1-a",
+                                "--accelerator_type=v6e-1", "--version=v2-alpha-tpuv6e", *FAST, *TRAIN_ARGS],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **fake_gcloud.env})
+    lines = []
+    for line in process.stdout:  # Wait until the job is training, then press Ctrl-C.
+        lines.append(line)
+        if line.startswith("attempt 0 step 5 "):
+            process.send_signal(signal.SIGINT)
+            break
+    started = time.monotonic()
+    output = "".join(lines) + process.stdout.read()  # Not communicate(timeout=...): it would skip read-ahead lines.
+    process.wait(timeout=60)
+    assert process.returncode == 3, output
+    assert time.monotonic() - started < 30
+    steps = _steps(output, 0)
+    assert steps == list(range(len(steps))) and len(steps) >= 6  # Streamed on while stopping, no line twice.
+    stopped = output.index("SIGTERM: checkpoint saved at the last loop")  # The job's own log, streamed.
+    assert output.index("the job exited with 3") > stopped
+    assert fake_gcloud.verbs()[-1] == "tpu-vm:delete"

@@ -1,4 +1,4 @@
-"""TPU system initialisation behind `make_strategy('tpu')`, written from shared/notes/tpu-facts.md.
+"""TPU system initialisation behind `make_strategy('tpu')`.
 
 - TPU='local' (Colab TPU runtime, single-host TPU VM): `TPUClusterResolver(tpu='local')`, no cluster connect; this
   process drives the local chips, so TPU_LOAD_LIBRARY must not be 0.
@@ -20,6 +20,8 @@ import re
 import tensorflow as tf
 
 from tpu_utils.deadline import exit_if_stuck
+from tpu_utils.tpu_facts import gather_facts
+from tpu_utils.tpu_startup import PJRT_ENV, decide
 from training.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -64,10 +66,31 @@ def describe_topology(topology) -> str:
             f"{list(topology.mesh_shape)}")
 
 
+def missing_startup_variables(environ=os.environ) -> str:
+    """'' if this host's TPU start-up (tpu_utils/tpu_startup.py) is in effect, else what is missing and the fix.
+
+    TensorFlow reads the PJRT variables when it is imported, so by now they can only be checked, not set.
+    """
+    try:
+        decision = decide(gather_facts(environ))
+    except ValueError as error:  # A bad TPU_RUNTIME.
+        raise ConfigError(str(error)) from error
+    missing = [key for key in PJRT_ENV if decision.runtime == "pjrt" and not environ.get(key)]
+    if not missing:
+        return ""
+    return (f"{' and '.join(missing)} were not set when TensorFlow was imported, and this "
+            f"{decision.generation or 'TPU'} needs the PJRT runtime: call "
+            "tpu_utils.tpu_startup.prepare_tpu_environment() before anything imports TensorFlow (train.py does), or "
+            "`eval \"$(python -m tpu_utils.tpu_startup)\"` before starting Python.")
+
+
 def make_tpu_strategy(tpu: str, *, startup_timeout_seconds: int = 300) -> tf.distribute.TPUStrategy:
     """Initialises the TPU system named by `tpu` and returns a TPUStrategy over all its cores."""
     check_tpu_setting(tpu)
     log.info("Versions: %s", ", ".join(f"{name} {version}" for name, version in software_versions().items()))
+    missing = missing_startup_variables()
+    if missing:
+        log.warning("TPU start-up: %s", missing)
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
     except Exception as error:  # noqa: BLE001 - URLError, HttpError, ValueError...: all mean "no such TPU here".
@@ -82,9 +105,9 @@ def make_tpu_strategy(tpu: str, *, startup_timeout_seconds: int = 300) -> tf.dis
         try:
             topology = tf.tpu.experimental.initialize_tpu_system(resolver)
         except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as error:
-            raise ConfigError(f"TPU={tpu!r}: TensorFlow found no usable TPU ({error.message.strip()}). On Colab, pick "
-                              "a TPU runtime (Runtime > Change runtime type); on a TPU VM, install "
-                              "requirements-tpu.txt and check that no other process uses the TPU; elsewhere use "
-                              "STRATEGY='auto'.") from error
+            raise ConfigError(f"TPU={tpu!r}: TensorFlow found no usable TPU ({error.message.strip()}). "
+                              + (missing or "On Colab, pick a TPU runtime (Runtime > Change runtime type); on a TPU "
+                                 "VM, install requirements-tpu.txt and check that no other process uses the TPU; "
+                                 "elsewhere use STRATEGY='auto'.")) from error
     log.info("TPU system: %s", describe_topology(topology))
     return tf.distribute.TPUStrategy(resolver)
