@@ -91,12 +91,12 @@ def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
     if split in builder.info.splits:
         return builder.info.splits[split].num_examples
     log.info("No split sizes in the metadata of %r: counting %s.", builder.name, split)
-    return int(_encoded_split(builder, split).reduce(0, lambda count, _: count + 1))
+    return int(builder.as_dataset(split=split, shuffle_files=False).reduce(0, lambda count, _: count + 1))
 
 
 def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int, seed: int,
                         start_step: int):
-    """Returns input_fn(InputContext) -> dataset of (image, label, position) per-replica batches, starting at
+    """Returns input_fn(InputContext) -> dataset of (features, target, position) per-replica batches, starting at
     `start_step`. position (int64) is the example's place in the training stream, unique over the run and the same
     at any replica count: the training step keys each example's dropout mask by it."""
     if reads_by_shard(spec, builder):
@@ -110,7 +110,7 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         # The encoded split in memory, for random access by index (a few MB to ~150 MB for the shipped datasets).
-        encoded = _encoded_split(builder, spec.train_split).batch(num_examples).get_single_element()
+        encoded = _encoded_split(spec, builder, spec.train_split).batch(num_examples).get_single_element()
         seed_tensor = tf.constant(seed, tf.int64)
 
         def example_at(position):
@@ -118,9 +118,10 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
             epoch, index = position // num_examples, position % num_examples
             shuffled = tf.random.experimental.index_shuffle(index, seed=tf.stack([seed_tensor, epoch]),
                                                             max_index=num_examples - 1)
-            image = spec.model_input(tf.gather(encoded["image"], shuffled), builder.info.features["image"],
-                                     seed=tf.stack([seed_tensor, position]))
-            return image, tf.gather(encoded["label"], shuffled), position
+            example = {key: tf.gather(values, shuffled) for key, values in encoded.items()}
+            features, target = spec.task.prepare(example, builder.info.features,
+                                                 seed=tf.stack([seed_tensor, position]))
+            return features, target, position
 
         per_replica = context.get_per_replica_batch_size(global_batch_size)
         return (tf.data.Dataset.counter(start_step * global_batch_size)
@@ -133,7 +134,7 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
 
 
 def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int):
-    """Returns (input_fn, num_steps): input_fn(InputContext) -> dataset of (image, label, mask) per-replica batches
+    """Returns (input_fn, num_steps): input_fn(InputContext) -> dataset of (features, target, mask) per-replica batches
     that covers the eval split once in `num_steps` global batches, the last one padded.
 
     mask is 1.0 for real examples and 0.0 for padding; every metric must weight by it.
@@ -144,17 +145,18 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         def decode(example):
-            return spec.model_input(example["image"], builder.info.features["image"]), example["label"], 1.0
+            return (*spec.task.prepare(example, builder.info.features), 1.0)
 
         pipelines, pipeline_id = context.num_input_pipelines, context.input_pipeline_id
         # This pipeline's contiguous part of the split; every part is padded to the same length.
         begin, end = pipeline_id * num_examples // pipelines, (pipeline_id + 1) * num_examples // pipelines
         split = spec.eval_split if pipelines == 1 else f"{spec.eval_split}[{begin}:{end}]"
         part_size = end - begin
-        real = _encoded_split(builder, split).map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        image_spec, label_spec, _ = real.element_spec
-        padding = tf.data.Dataset.from_tensors((tf.zeros(image_spec.shape, image_spec.dtype),
-                                                tf.zeros(label_spec.shape, label_spec.dtype),
+        real = _encoded_split(spec, builder, split).map(decode, num_parallel_calls=tf.data.AUTOTUNE,
+                                                        deterministic=True)
+        features_spec, target_spec, _ = real.element_spec
+        padding = tf.data.Dataset.from_tensors((tf.zeros(features_spec.shape, features_spec.dtype),
+                                                tf.zeros(target_spec.shape, target_spec.dtype),
                                                 tf.constant(0.0))).repeat(padded_size // pipelines - part_size)
         per_replica = context.get_per_replica_batch_size(global_batch_size)
         return (real.concatenate(padding)
@@ -164,8 +166,15 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
     return input_fn, num_steps
 
 
-def _encoded_split(builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:
-    """The split in file order, images still encoded (decoded per example, after shuffling)."""
-    dataset = builder.as_dataset(split=split, shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()},
+def _encoded_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:
+    """The split in file order, as dicts of the task's features; images still encoded (decoded per example, after
+    shuffling)."""
+    keys = spec.task.keys
+    missing = [key for key in keys if key not in builder.info.features]
+    if missing:
+        raise ConfigError(f"The task of {spec.tfds_name!r} reads feature(s) {missing}, which the dataset does not "
+                          f"have (it has {sorted(builder.info.features.keys())}); set the task's keys in "
+                          "data/registry.py.")
+    dataset = builder.as_dataset(split=split, shuffle_files=False, decoders=spec.task.decoders(builder.info.features),
                                  read_config=tfds.ReadConfig(interleave_cycle_length=1, add_tfds_id=False))
-    return dataset.map(lambda example: {"image": example["image"], "label": example["label"]})
+    return dataset.map(lambda example: {key: example[key] for key in keys})

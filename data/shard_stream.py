@@ -113,7 +113,7 @@ def shard_plan(builder: tfds.core.DatasetBuilder, split: str, *, seed: int,
 
 def make_train_dataset(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, context: tf.distribute.InputContext, *,
                        global_batch_size: int, seed: int, start_step: int) -> tf.data.Dataset:
-    """This input pipeline's per-replica batches of (image, label, example key) from `start_step` on (see the module
+    """This input pipeline's per-replica batches of (features, target, example key) from `start_step` on (see the module
     docstring); the key (position * P + pipeline id) is unique over the run and keys the dropout masks."""
     plan = shard_plan(builder, spec.train_split, seed=seed, context=context)
     per_pipeline = global_batch_size // context.num_input_pipelines
@@ -140,10 +140,11 @@ def make_train_dataset(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, con
         return tf.gather(records, order)
 
     def example_at(position, record):
-        example = features.deserialize_example(record, decoders={"image": tfds.decode.SkipDecoding()})
+        example = features.deserialize_example(record, decoders=spec.task.decoders(features))
         key = position * plan.num_pipelines + plan.pipeline_id  # Unique over the run's examples, on every host.
-        return (spec.model_input(example["image"], features["image"], seed=tf.stack([seed_tensor, key])),
-                example["label"], key)
+        model_input, target = spec.task.prepare({name: example[name] for name in spec.task.keys}, features,
+                                                seed=tf.stack([seed_tensor, key]))
+        return model_input, target, key
 
     per_replica = context.get_per_replica_batch_size(global_batch_size)
     return (tf.data.Dataset.counter(first_block)

@@ -24,7 +24,7 @@ def _numpy_metrics(trainer: Trainer, chunk: int) -> dict:
     spec = trainer.dataset_spec
     examples = tfds.as_numpy(trainer.data.as_dataset(split=spec.eval_split, batch_size=-1))
     assert examples["label"].shape[0] % EVAL_BATCH != 0, "the split must not be a multiple of the batch"
-    images = spec.preprocess(examples["image"])
+    images = trainer.task.preprocess(examples["image"])
     logits = np.concatenate([trainer.model(images[start:start + chunk], training=False).numpy()
                              for start in range(0, len(images), chunk)]).astype(np.float64)
     logits -= logits.max(axis=1, keepdims=True)

@@ -65,7 +65,7 @@ def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path
     controller.train_and_evaluate()
     export_dir = str(tmp_path / "run" / "export" / "10")
     images = np.random.RandomState(0).randint(0, 17, size=(50, 8, 8, 1)).astype(np.uint8)
-    expected = trainer.model(trainer.dataset_spec.preprocess(images), training=False).numpy()
+    expected = trainer.model(trainer.task.preprocess(images), training=False).numpy()
     np.save(tmp_path / "images.npy", images)
 
     script = ("import sys, numpy as np, tensorflow as tf\n"

@@ -32,7 +32,8 @@ class ExperimentConfig:
     seed: int = 0
     optimizer: str = "sgd"
     lr_schedule: str = "constant"
-    loss: str = "softmax_cross_entropy"
+    loss: str | None = None  # Per-example loss by name (training/losses.py); None = the task's default.
+    metrics: tuple[str, ...] | None = None  # Metric names (training/metrics.py); None = the task's defaults.
     clip_global_norm: float | None = None  # Clip the replica-summed gradients to this global norm; None = off.
     eval_batch_size: int | None = None  # Global eval batch; None = global_batch_size.
     checkpoints_to_keep: int = 3
@@ -41,6 +42,11 @@ class ExperimentConfig:
     startup_timeout_seconds: int = 300  # Waiting for the other workers of TF_CONFIG (or a TPU) before giving up.
 
     def __post_init__(self):
+        if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.
+            if isinstance(self.metrics, str) or not all(isinstance(name, str) for name in self.metrics):
+                raise ConfigError(f"experiment.metrics={self.metrics!r} must be a list of metric names, e.g. "
+                                  "['accuracy', 'top_5_accuracy'].")
+            object.__setattr__(self, "metrics", tuple(self.metrics))
         for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep",
                      "startup_timeout_seconds"):
             _require_int(name, getattr(self, name), minimum=1)

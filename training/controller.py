@@ -139,7 +139,7 @@ class Controller:
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        export_saved_model(self.trainer.model, self.trainer.dataset_spec, path,
+        export_saved_model(self.trainer.model, self.trainer.task, path,
                            io_device=io_device_for(self.trainer.strategy, path))
         if self.run_dir.is_chief:
             log.info("Exported SavedModel to %s", path)

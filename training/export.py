@@ -1,33 +1,31 @@
-"""SavedModel export with a `serving_default` signature that takes raw images, as the dataset stores them.
+"""SavedModel export with a `serving_default` signature that takes the raw features, as the dataset stores them.
 
-The signature applies the dataset's own preprocessing (`DatasetSpec.preprocess`), so a client sends what it has
-(uint8 pixels) and gets logits, probabilities and the predicted class. Reload with `tf.saved_model.load(path)` and
-call `.signatures['serving_default'](images=...)`; `keras.models.load_model` does not read SavedModel folders.
+The signature is the task's (tasks/): it applies the same preprocessing as training, so a client sends what it has
+(uint8 pixels, float feature vectors, ...) and gets named outputs (for classifiers: logits, probabilities, the
+class id and its name). Reload with `tf.saved_model.load(path)` and call
+`.signatures['serving_default'](**inputs)`; `keras.models.load_model` does not read SavedModel folders.
 """
 
 import keras
 import tensorflow as tf
 
-from data.registry import DatasetSpec
+from tasks.base import Task
 
 
 class _ServingModule(tf.Module):
-    def __init__(self, model: keras.Model, spec: DatasetSpec):
+    def __init__(self, model: keras.Model, task: Task):
         super().__init__()
         self.model = model
-        self._spec = spec
+        self._task = task
 
-    def serve(self, images):
-        logits = tf.cast(self.model(self._spec.preprocess(images), training=False), tf.float32)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits),
-                "classes": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+    def serve(self, **inputs):
+        return self._task.serve(self.model, inputs)
 
 
-def export_saved_model(model: keras.Model, spec: DatasetSpec, export_dir: str, *, io_device: str | None = None) -> str:
+def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_device: str | None = None) -> str:
     """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions."""
-    module = _ServingModule(model, spec)
-    signature = tf.function(module.serve, input_signature=[
-        tf.TensorSpec([None, *spec.image_shape], tf.uint8, name="images")])
+    module = _ServingModule(model, task)
+    signature = tf.function(module.serve, input_signature=None).get_concrete_function(**task.serving_signature())
     tf.saved_model.save(module, export_dir, signatures={"serving_default": signature},
                         options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
     return export_dir

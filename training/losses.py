@@ -1,6 +1,6 @@
-"""Per-example losses by name (`ExperimentConfig.loss`).
+"""Per-example losses by name (`experiment.loss`; None = the task's default).
 
-A loss function maps (labels [B], logits [B, C]) to per-example losses [B] and never averages: the training step
+A loss function maps (targets [B], model outputs [B, C]) to per-example losses [B] and never averages: the training step
 divides by the *global* batch in one place (training/step.py). Returning a scalar is rejected when the step is
 traced, because a per-replica mean is the silent factor-of-R bug.
 """
@@ -24,7 +24,14 @@ def softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, *, label_smoothi
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
-LOSSES = {"softmax_cross_entropy": softmax_cross_entropy}
+@gin.configurable
+def mean_squared_error(targets: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    """(output - target)^2 per example, for regression tasks whose model outputs one number ([B, 1])."""
+    outputs = outputs[:, 0] if outputs.dtype == tf.float64 else tf.cast(outputs[:, 0], tf.float32)
+    return tf.math.squared_difference(outputs, tf.cast(targets, outputs.dtype))
+
+
+LOSSES = {"softmax_cross_entropy": softmax_cross_entropy, "mean_squared_error": mean_squared_error}
 
 
 def get_loss(name: str):

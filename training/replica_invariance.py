@@ -126,9 +126,8 @@ def initial_gradient_norm(trainer: Trainer) -> float:
     import tensorflow as tf
 
     from training import step
-    from training.losses import get_loss
 
-    norm_step = step.make_gradient_norm_step(trainer.model, get_loss(trainer.config.loss),
+    norm_step = step.make_gradient_norm_step(trainer.model, trainer.loss_fn,
                                                     global_batch_size=trainer.config.global_batch_size,
                                                     seed=trainer.config.seed)
 

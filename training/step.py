@@ -95,7 +95,7 @@ def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed:
 
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *, global_batch_size: int,
-                    clip_global_norm: float | None, accuracy: keras.metrics.Metric, seed: int):
+                    clip_global_norm: float | None, metrics: list, seed: int):
     """Returns train_step((features, labels, positions)) -> {'loss', 'regularization'}: this replica's shares of the
     global data loss and of the regularization term, for `strategy.run` (their SUMs over replicas are the global
     values). `positions` are the examples' training-stream positions: with `seed` they key the dropout masks
@@ -116,7 +116,8 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
             clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
         gradients = sum_then_clip(tape.gradient(scaled_loss, variables), clip_norm)
         optimizer.apply_gradients(zip(gradients, variables))  # With loss scaling: unscales, skips if non-finite.
-        accuracy.update_state(labels, logits)
+        for metric in metrics:  # Per replica; Keras sums the replicas' totals on read: no rescaling.
+            metric.update(labels, logits)
         return {"loss": loss, "regularization": regularization}
 
     return train_step
@@ -136,13 +137,14 @@ def make_gradient_norm_step(model: keras.Model, loss_fn, *, global_batch_size: i
     return gradient_norm_step
 
 
-def make_eval_step(model: keras.Model, loss_fn, *, loss: keras.metrics.Metric, accuracy: keras.metrics.Metric):
+def make_eval_step(model: keras.Model, loss_fn, *, loss: keras.metrics.Metric, metrics: list):
     """Returns eval_step((features, labels, mask)); padding (mask 0) counts in no metric."""
 
     def eval_step(batch):
         features, labels, mask = batch
         logits = model(features, training=False)
-        loss.update_state(loss_fn(labels, logits), sample_weight=mask)
-        accuracy.update_state(labels, logits, sample_weight=mask)
+        loss.update_state(tf.cast(loss_fn(labels, logits), tf.float32), sample_weight=mask)
+        for metric in metrics:
+            metric.update(labels, logits, sample_weight=mask)
 
     return eval_step

@@ -4,6 +4,8 @@ It knows how to run N training steps and one exact evaluation; it does not decid
 does). The replica-invariance check (training/replica_invariance.py) builds Trainers at several replica counts.
 """
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -15,6 +17,7 @@ from tpu_utils.strategy import io_device_for
 from training import step
 from training.config import ExperimentConfig
 from training.losses import get_loss
+from training.metrics import make_metrics
 from training.optimizers import make_optimizer
 
 
@@ -30,16 +33,18 @@ class Trainer:
         self.config = config
         self.strategy = strategy
         config.check_replicas(strategy.num_replicas_in_sync, training=training)
-        self.dataset_spec = get_dataset_spec(config.dataset)
+        spec = get_dataset_spec(config.dataset)
         model_builder = get_model_builder(config.model)
-        loss_fn = get_loss(config.loss)
-        self.data = pipeline.load_builder(self.dataset_spec, config.data_dir)
+        self.data = pipeline.load_builder(spec, config.data_dir)
+        # The task completed from the prepared dataset (class names, feature statistics): what is learned.
+        self.dataset_spec = dataclasses.replace(spec, task=spec.task.bind(self.data))
+        self.task = self.dataset_spec.task
+        self.loss_fn = loss_fn = get_loss(config.loss or self.task.default_loss)
 
         keras.mixed_precision.set_dtype_policy(config.precision)
         keras.utils.set_random_seed(config.seed)  # Same SEED -> same initial weights and data order.
         with strategy.scope():
-            self.model = model_builder(self.dataset_spec.image_shape, self.dataset_spec.num_classes,
-                                       **(model_options or {}))
+            self.model = model_builder(self.task.input_shape, self.task.output_size, **(model_options or {}))
             self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
                                             schedule=config.lr_schedule, train_steps=config.train_steps)
             if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
@@ -49,15 +54,15 @@ class Trainer:
             # count a step that loss scaling skipped.
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.train_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
+            self.train_metrics = make_metrics(config.metrics, self.task)
             self.eval_loss = keras.metrics.Mean("loss")
-            self.eval_accuracy = keras.metrics.SparseCategoricalAccuracy("accuracy")
+            self.eval_metrics = make_metrics(config.metrics, self.task)
 
         self.train_step = step.make_train_step(self.model, self.optimizer, loss_fn,
                                           global_batch_size=config.global_batch_size,
-                                          clip_global_norm=config.clip_global_norm, accuracy=self.train_accuracy,
+                                          clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
                                           seed=config.seed)
-        eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, accuracy=self.eval_accuracy)
+        eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, metrics=self.eval_metrics)
         # The training loss is the data loss, as in evaluation; the regularization term is reported apart.
         self._train_outputs = ("loss", "regularization") if self.model.losses else ("loss",)
         self._train_loop = loop.make_train_loop(
@@ -96,15 +101,18 @@ class Trainer:
 
     def train(self, iterator, num_steps: int) -> dict:
         """Runs `num_steps` steps on the device; returns the means over them of the global data loss ('loss'), of the
-        regularization term ('regularization', if the model has one) and the training accuracy."""
-        self.train_accuracy.reset_state()
+        regularization term ('regularization', if the model has one) and the metrics over those steps."""
+        for metric in self.train_metrics:
+            metric.reset()
         means = self._train_loop(iterator, tf.constant(num_steps, tf.int32))
         return {**{name: float(means[name].numpy()) for name in self._train_outputs},
-                "accuracy": float(self.train_accuracy.result().numpy())}
+                **{metric.name: metric.result() for metric in self.train_metrics}}
 
     def evaluate(self) -> dict:
-        """Loss and accuracy over every example of the eval split, exactly once."""
+        """The loss and the metrics over every example of the eval split, exactly once."""
         self.eval_loss.reset_state()
-        self.eval_accuracy.reset_state()
+        for metric in self.eval_metrics:
+            metric.reset()
         self._eval_loop(iter(self._eval_dataset), tf.constant(self._eval_steps, tf.int32))
-        return {"loss": float(self.eval_loss.result().numpy()), "accuracy": float(self.eval_accuracy.result().numpy())}
+        return {"loss": float(self.eval_loss.result().numpy()),
+                **{metric.name: metric.result() for metric in self.eval_metrics}}

@@ -1,0 +1,81 @@
+"""The task seam: what is learned from a dataset's examples, in one object a forker edits.
+
+A Task says
+- which features of a TFDS example it reads (`keys`), and which to keep encoded in memory (`decoders`: images stay
+  compressed until an example is drawn);
+- how one example becomes (model input, target): `prepare(example, features, seed=...)`; `seed` is given for
+  training examples only (stateless augmentation, a pure function of SEED and the example's position);
+- the model's input shape and output size, the per-example loss and the metrics it reports by default;
+- what the exported model serves: `serving_signature` (the raw features as the dataset stores them) and `serve`
+  (the same preprocessing as training, then the model, then named outputs such as class names).
+The input pipelines (data/pipeline.py, data/shard_stream.py), the training step and the export call only these.
+`bind(builder)` returns the task completed from the prepared dataset (class names, or statistics computed from the
+train split) before anything is built.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Base class: subclasses are frozen dataclasses whose fields are the task's settings."""
+
+    label_key: str = "label"
+    # Per-example loss by name (training/losses.py) and metrics by name (training/metrics.py) used when the config
+    # names none.
+    default_loss = "softmax_cross_entropy"
+    default_metrics = ("accuracy",)
+    kind = "classification"  # 'classification' (integer labels, logits) or 'regression' (float targets).
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @property
+    def output_size(self) -> int:
+        raise NotImplementedError
+
+    def decoders(self, features: tfds.features.FeaturesDict) -> dict:
+        """TFDS decoders for reading the split into memory: by default every feature decoded."""
+        del features
+        return {}
+
+    def bind(self, builder: tfds.core.DatasetBuilder) -> "Task":
+        """This task completed from the prepared dataset (e.g. class names); by default unchanged."""
+        del builder
+        return self
+
+    def prepare(self, example: dict, features: tfds.features.FeaturesDict, *, seed: tf.Tensor | None = None):
+        """One example (a dict of the `keys`, as read) -> (model input, target) with static shapes."""
+        raise NotImplementedError
+
+    def serving_signature(self) -> dict[str, tf.TensorSpec]:
+        """The exported signature's inputs: raw features, batched."""
+        raise NotImplementedError
+
+    def serve(self, model, inputs: dict) -> dict:
+        """The exported signature's body: `inputs` as in `serving_signature` -> named outputs."""
+        raise NotImplementedError
+
+
+def classification_outputs(logits: tf.Tensor, class_names: tuple[str, ...] | None) -> dict:
+    """Serving outputs of a classifier: logits, probabilities, class ids and (if known) class names."""
+    logits = tf.cast(logits, tf.float32)
+    classes = tf.argmax(logits, axis=-1, output_type=tf.int32)
+    outputs = {"logits": logits, "probabilities": tf.nn.softmax(logits), "classes": classes}
+    if class_names:
+        outputs["class_names"] = tf.gather(tf.constant(class_names), classes)
+    return outputs
+
+
+def label_names(builder: tfds.core.DatasetBuilder, label_key: str) -> tuple[str, ...] | None:
+    """The ClassLabel names of `label_key` in the dataset's metadata, or None."""
+    feature = builder.info.features[label_key] if label_key in builder.info.features else None
+    return tuple(feature.names) if isinstance(feature, tfds.features.ClassLabel) else None

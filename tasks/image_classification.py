@@ -1,0 +1,81 @@
+"""Image classification: an image feature and an integer label (digits, MNIST, CIFAR-10, ImageNet)."""
+
+import dataclasses
+from collections.abc import Callable
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from tasks.base import Task, classification_outputs, label_names
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageClassification(Task):
+    """Raw pixels -> /max_pixel_value -> standardised per channel; optional stateless augmentation."""
+
+    num_classes: int = 0
+    image_shape: tuple[int, int, int] = (0, 0, 0)
+    max_pixel_value: float = 255.0  # Raw pixel values are scaled by this to [0, 1] ...
+    mean: tuple[float, ...] = (0.0,)  # ... then standardised per channel with mean and std.
+    std: tuple[float, ...] = (1.0,)
+    image_key: str = "image"
+    # Optional augmentation (image, stateless seed [2]) -> image; a pure function of its arguments, so the data are
+    # the same for a given SEED and step at any replica count and on resume.
+    augment: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None
+    # Optional decoders from the encoded image (e.g. JPEG bytes) straight to `image_shape` raw pixels, for datasets
+    # whose images vary in size: (encoded, seed) -> image for training, (encoded) -> image for eval. None: TFDS's
+    # own decoding (the stored images already have `image_shape`). With both a train_decoder and augment, derive
+    # independent seeds with stateless_split.
+    train_decoder: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None
+    eval_decoder: Callable[[tf.Tensor], tf.Tensor] | None = None
+    class_names: tuple[str, ...] | None = None  # From the dataset's ClassLabel (bind).
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.image_key, self.label_key
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.image_shape)
+
+    @property
+    def output_size(self) -> int:
+        return self.num_classes
+
+    def decoders(self, features):
+        return {self.image_key: tfds.decode.SkipDecoding()}  # Compressed in memory; decoded per drawn example.
+
+    def bind(self, builder):
+        return dataclasses.replace(self, class_names=label_names(builder, self.label_key))
+
+    def preprocess(self, images: tf.Tensor) -> tf.Tensor:
+        """Raw images (any int dtype, [..., H, W, C]) -> standardised float32; one image or a batch."""
+        images = tf.cast(images, tf.float32) / self.max_pixel_value
+        return (images - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
+
+    def prepare(self, example, features, *, seed=None):
+        encoded = example[self.image_key]
+        if seed is not None and self.train_decoder is not None:
+            image = self.train_decoder(encoded, seed)
+        elif self.eval_decoder is not None:
+            image = self.eval_decoder(encoded)
+        else:
+            image = features[self.image_key].decode_example(encoded)
+        image = self.preprocess(image)
+        if seed is not None and self.augment is not None:
+            image = self.augment(image, seed)
+        return tf.ensure_shape(image, self.image_shape), example[self.label_key]
+
+    def serving_signature(self):
+        return {"images": tf.TensorSpec([None, *self.image_shape], tf.uint8, name="images")}
+
+    def serve(self, model, inputs):
+        return classification_outputs(model(self.preprocess(inputs["images"]), training=False), self.class_names)
+
+
+def flip_and_crop_32(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """CIFAR-style augmentation: random horizontal flip, 4-pixel pad and random 32x32 crop (stateless)."""
+    flip_seed, crop_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
+    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+    image = tf.pad(image, [[4, 4], [4, 4], [0, 0]], mode="REFLECT")
+    return tf.image.stateless_random_crop(image, size=(32, 32, 3), seed=crop_seed)

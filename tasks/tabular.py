@@ -1,0 +1,90 @@
+"""Tabular tasks: a vector of numeric features -> a class (TabularClassification) or a number (TabularRegression).
+
+The features are standardised with the mean and standard deviation of the train split, computed once when the task
+is bound to the prepared dataset (float64, over every train example: the same numbers on every host and on resume)
+and baked into the exported model, which serves the raw feature vectors as the dataset stores them.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from tasks.base import Task, classification_outputs, label_names
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tabular(Task):
+    num_features: int = 0
+    features_key: str = "features"
+    train_split: str = "train"  # Where the standardisation statistics come from.
+    mean: tuple[float, ...] | None = None  # None until bind(); or set them to fix the statistics by hand.
+    std: tuple[float, ...] | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.features_key, self.label_key
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.num_features,)
+
+    def bind(self, builder):
+        if self.mean is not None and self.std is not None:
+            return self
+        values = tfds.as_numpy(builder.as_dataset(split=self.train_split, batch_size=-1))[self.features_key]
+        values = np.asarray(values, np.float64).reshape(len(values), -1)
+        std = values.std(axis=0)
+        return dataclasses.replace(self, mean=tuple(values.mean(axis=0).tolist()),
+                                   std=tuple(np.where(std > 0, std, 1.0).tolist()))  # Constant columns: unscaled.
+
+    def preprocess(self, features: tf.Tensor) -> tf.Tensor:
+        """Raw feature vectors ([..., num_features], any numeric dtype) -> standardised float32."""
+        if self.mean is None or self.std is None:
+            raise ValueError(f"{type(self).__name__} has no feature statistics: call bind(builder) first.")
+        features = tf.cast(features, tf.float32)
+        return (features - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
+
+    def serving_signature(self):
+        return {"features": tf.TensorSpec([None, self.num_features], tf.float32, name="features")}
+
+
+@dataclasses.dataclass(frozen=True)
+class TabularClassification(_Tabular):
+    num_classes: int = 2
+    class_names: tuple[str, ...] | None = None
+
+    @property
+    def output_size(self) -> int:
+        return self.num_classes
+
+    def bind(self, builder):
+        return dataclasses.replace(super().bind(builder), class_names=label_names(builder, self.label_key))
+
+    def prepare(self, example, features, *, seed=None):
+        vector = tf.ensure_shape(self.preprocess(example[self.features_key]), (self.num_features,))
+        return vector, example[self.label_key]
+
+    def serve(self, model, inputs):
+        return classification_outputs(model(self.preprocess(inputs["features"]), training=False), self.class_names)
+
+
+@dataclasses.dataclass(frozen=True)
+class TabularRegression(_Tabular):
+    """One float target per example; the model outputs one number (its logits layer has 1 unit)."""
+
+    default_loss = "mean_squared_error"
+    default_metrics = ("mean_absolute_error", "mean_squared_error")
+    kind = "regression"
+
+    @property
+    def output_size(self) -> int:
+        return 1
+
+    def prepare(self, example, features, *, seed=None):
+        vector = tf.ensure_shape(self.preprocess(example[self.features_key]), (self.num_features,))
+        return vector, tf.cast(example[self.label_key], tf.float32)
+
+    def serve(self, model, inputs):
+        return {"predictions": tf.cast(model(self.preprocess(inputs["features"]), training=False)[:, 0], tf.float32)}

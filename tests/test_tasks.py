@@ -1,0 +1,130 @@
+"""The task seam (tasks/): tabular classification and regression as worked examples, metrics by name, and exports
+that serve the raw features as the dataset stores them.
+
+Each worked example trains offline through train.py to what its config header states, passes the float64
+replica-invariance check at 1, 2 and 4 replicas, reports metrics equal to a NumPy computation over the whole eval
+split at 1 and 3 replicas, and exports a SavedModel that serves raw rows.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from helpers import REPO_ROOT, run_train_py
+from tpu_utils.strategy import make_strategy
+from training import config_files, experiment, replica_invariance
+from training.errors import ConfigError
+from training.trainer import Trainer
+
+CLASSIFICATION = "configs/experiments/breast_cancer_mlp.gin"
+REGRESSION = "configs/experiments/synthetic_housing_mlp.gin"
+
+
+def _shipped(config_file: str, *params: str):
+    config_files.parse([config_file], list(params), search_path=REPO_ROOT)
+    return experiment.experiment()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config_file, metric, bound", [(CLASSIFICATION, "accuracy", 0.93),
+                                                        (REGRESSION, "mean_absolute_error", 0.2)])
+def test_each_worked_example_reaches_its_stated_result_and_serves_raw_rows(tmp_path, data_dir, config_file, metric,
+                                                                           bound):
+    model_dir = str(tmp_path / "run")
+    result = run_train_py(f"--gin_file={config_file}", f"--model_dir={model_dir}")
+    assert result.returncode == 0, result.stderr
+    metrics = json.load(open(os.path.join(model_dir, "metrics.json")))
+    value = metrics["eval"][metric]
+    assert value >= bound if metric == "accuracy" else value <= bound, metrics
+
+    # The export takes raw float rows (not standardised ones) and applies the training preprocessing itself.
+    config = _shipped(config_file)
+    trainer = Trainer(config, make_strategy("default"), training=False)
+    rows = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=8).take(1))
+    rows = next(iter(rows))
+    served = tf.saved_model.load(os.path.join(model_dir, "export", str(config.train_steps)))
+    outputs = served.signatures["serving_default"](features=tf.constant(rows["features"]))
+    if metric == "accuracy":
+        assert outputs["class_names"].dtype == tf.string
+        names = [name.decode() for name in outputs["class_names"].numpy()]
+        assert set(names) <= {"malignant", "benign"}
+        assert np.mean(outputs["classes"].numpy() == rows["label"]) >= 0.75  # 8 raw rows, mostly right.
+    else:
+        assert np.mean(np.abs(outputs["predictions"].numpy() - rows["target"])) < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config_file", [CLASSIFICATION, REGRESSION])
+def test_each_worked_example_is_replica_invariant_in_float64(data_dir, config_file):
+    config = _shipped(config_file)
+    runs, probe = replica_invariance.measure(config, [1, 2, 4], steps=replica_invariance.default_steps())
+    passed, table = replica_invariance.report(runs, probe)
+    print(table)
+    assert passed, table
+
+
+def _binary_numpy_metrics(logits, labels):
+    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    positive = probabilities[:, 1]
+    predicted = positive >= 0.5
+    true_positive = np.sum(predicted & (labels == 1))
+    # Exact (rank-based) AUC: the chance a positive example scores above a negative one.
+    positives, negatives = positive[labels == 1], positive[labels == 0]
+    auc = np.mean(positives[:, None] > negatives[None, :]) + 0.5 * np.mean(positives[:, None] == negatives[None, :])
+    return {"loss": float(-np.log(probabilities[np.arange(len(labels)), labels]).mean()),
+            "accuracy": float(np.mean(np.argmax(logits, axis=1) == labels)),
+            "precision": float(true_positive / max(predicted.sum(), 1)),
+            "recall": float(true_positive / max((labels == 1).sum(), 1)), "auc": float(auc)}
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_classification_metrics_equal_numpy_over_the_whole_split(data_dir, replicas):
+    """114 test rows, eval batch 24 (8 per replica at 3): the last batch is padded, and padding counts in nothing."""
+    config = _shipped(CLASSIFICATION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=24", "STRATEGY='mirrored'",
+                      f"VIRTUAL_DEVICES={replicas}", "experiment.metrics=['accuracy', 'auc', 'precision', 'recall', "
+                      "'top_1_accuracy']")
+    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
+    trainer.train(trainer.train_iterator(), 60)  # Partly trained: some errors, so every metric can be wrong.
+    evaluation = trainer.evaluate()
+    rows = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=-1))
+    logits = trainer.model(trainer.task.preprocess(rows["features"]), training=False).numpy().astype(np.float64)
+    expected = _binary_numpy_metrics(logits, rows["label"])
+    assert 0.5 < expected["accuracy"] < 1.0 and 0 < expected["precision"] < 1  # Not trivially perfect.
+    for name in ("accuracy", "precision", "recall"):  # Ratios of integer counts over 114 rows: exact.
+        assert evaluation[name] == pytest.approx(expected[name], abs=1e-6), name
+    assert evaluation["top_1_accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    assert evaluation["loss"] == pytest.approx(expected["loss"], rel=1e-4)
+    assert evaluation["auc"] == pytest.approx(expected["auc"], abs=3e-3)  # Keras: 1,000 thresholds.
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_regression_metrics_equal_numpy_over_the_whole_split(data_dir, replicas):
+    config = _shipped(REGRESSION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=48", "STRATEGY='mirrored'",
+                      f"VIRTUAL_DEVICES={replicas}")
+    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
+    trainer.train(trainer.train_iterator(), 50)
+    evaluation = trainer.evaluate()
+    rows = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=-1))
+    predictions = trainer.model(trainer.task.preprocess(rows["features"]), training=False).numpy()[:, 0]
+    errors = predictions.astype(np.float64) - rows["target"]
+    assert len(errors) == 1000 and 1000 % 48  # A padded last batch.
+    assert evaluation["mean_absolute_error"] == pytest.approx(np.abs(errors).mean(), rel=1e-5)
+    assert evaluation["mean_squared_error"] == pytest.approx(np.square(errors).mean(), rel=1e-5)
+    assert evaluation["loss"] == pytest.approx(np.square(errors).mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize("dataset, metrics, message", [
+    ("synthetic_housing", "['accuracy']", "needs a classification task"),
+    ("digits", "['auc']", "is for two classes"),
+    ("digits", "['top_11_accuracy']", "between 1 and the 10 classes"),
+    ("digits", "['f1']", "Unknown metric 'f1'"),
+])
+def test_a_metric_that_does_not_fit_the_task_is_a_config_error(data_dir, dataset, metrics, message):
+    config = _shipped("configs/experiments/digits_mlp.gin", f"DATASET='{dataset}'", f"experiment.metrics={metrics}")
+    with pytest.raises(ConfigError, match=message):
+        Trainer(config, make_strategy("default"))
