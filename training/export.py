@@ -3,7 +3,13 @@
 The signature applies the dataset's own preprocessing (`DatasetSpec.preprocess`), so a client sends what it has
 (uint8 pixels) and gets logits, probabilities and the predicted class. Reload with `tf.saved_model.load(path)` and
 call `.signatures['serving_default'](images=...)`; `keras.models.load_model` does not read SavedModel folders.
+
+The SavedModel is written to a temporary sibling folder and renamed into place, so `export/<step>/` either holds a
+complete SavedModel or does not exist (a full disk or a kill mid-export leaves no half-written version for a
+server to pick up).
 """
+
+import uuid
 
 import keras
 import tensorflow as tf
@@ -28,6 +34,15 @@ def export_saved_model(model: keras.Model, spec: DatasetSpec, export_dir: str, *
     module = _ServingModule(model, spec)
     signature = tf.function(module.serve, input_signature=[
         tf.TensorSpec([None, *spec.image_shape], tf.uint8, name="images")])
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": signature},
-                        options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
+    parent, name = export_dir.rstrip("/").rsplit("/", 1)
+    temporary = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tf.saved_model.save(module, temporary, signatures={"serving_default": signature},
+                            options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
+        if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again.
+            tf.io.gfile.rmtree(export_dir)
+        tf.io.gfile.rename(temporary, export_dir)
+    finally:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.rmtree(temporary)
     return export_dir
