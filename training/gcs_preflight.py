@@ -46,7 +46,7 @@ def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) ->
     gcs_paths = {name: path for name, path in paths.items() if isinstance(path, str) and path.startswith("gs://")}
     if not gcs_paths:
         return
-    client = client or _default_client()
+    client = client or default_client()
     account = getattr(getattr(client, "_credentials", None), "service_account_email", None)
     who = f"the account {account}" if account else "your Application Default Credentials"
     from google.api_core import exceptions
@@ -85,7 +85,7 @@ def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) ->
                  f", location {bucket.location}" if bucket.location else "")
 
 
-def _default_client():
+def default_client():
     """A google-cloud-storage client on Application Default Credentials (or the emulator's, in tests)."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
