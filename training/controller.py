@@ -113,7 +113,7 @@ class Controller:
             log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
                      config.train_steps)
         else:
-            iterator = trainer.train_iterator()
+            iterator = self._train_iterator()
             with stop_signals.honoured():
                 while trainer.step < config.train_steps:
                     self._run_one_loop(iterator)
@@ -133,6 +133,16 @@ class Controller:
             self._stop_if_requested(f"after the export of step {trainer.step}")
         self._check_replicas_agree()
         return final
+
+    def _train_iterator(self):
+        """The training iterator; a ConfigError (before any step) when the train split's files cannot be read."""
+        try:
+            return self.trainer.train_iterator()
+        except (tf.errors.DataLossError, tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError) as error:
+            data_dir = self.trainer.data.data_dir
+            raise ConfigError(f"The training split in {data_dir} cannot be read ({describe(error, 200)}): a TFRecord "
+                              f"file is truncated or corrupt. Delete {data_dir} and rerun to prepare it again (for a "
+                              "staged dataset: python -m data.stage ...).") from error
 
     def _stop_if_requested(self, where: str, *, export_follows: bool = False) -> None:
         """Honours a requested stop (every worker together): checkpoint, then exit 3."""
