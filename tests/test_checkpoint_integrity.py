@@ -6,12 +6,16 @@ each case damages a copy of the first, resumes it to 40 and compares every weigh
 """
 
 import os
+import random
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from helpers import checkpoint_values, run_train_py
+from helpers import REPO_ROOT, checkpoint_values, run_train_py
 
 ARGS = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=STEPS_PER_LOOP=10",
         "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=EVAL_EVERY=0", "--gin_param=experiment.lr_schedule='constant'"]
@@ -105,3 +109,32 @@ def test_verify_detects_each_damage_and_passes_an_intact_checkpoint(runs, tmp_pa
     assert verify(os.path.join(checkpoints, "ckpt-20")).startswith("unreadable")
     os.remove(os.path.join(checkpoints, "ckpt-10.index"))
     assert verify(os.path.join(checkpoints, "ckpt-10")) == "its .index file is missing"
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(runs, tmp_path):
+    """Killed (SIGKILL: no handler runs) at seeded random moments of training, checkpoint writes included, then
+    rerun to the end: the weights equal the uninterrupted run's, bit for bit, and a dead run's lock is taken over."""
+    model_dir = str(tmp_path / "run")
+    command = [sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS, "--gin_param=TRAIN_STEPS=40",
+               f"--model_dir={model_dir}"]
+    delays = random.Random(11).sample([0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5], 4)
+    killed = 0
+    for delay in delays:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            for line in process.stdout:  # Once training runs (first loop logged), kill after `delay`.
+                if " step " in line and "/40 |" in line:
+                    time.sleep(delay)
+                    process.kill()
+                    killed += 1
+                    break
+        finally:
+            process.kill()
+            process.wait(timeout=60)
+    assert killed >= 3  # Most attempts were killed mid-run, not after finishing.
+    final = run_train_py(*ARGS, "--gin_param=TRAIN_STEPS=40", f"--model_dir={model_dir}")
+    assert final.returncode == 0, final.stderr[-2000:]
+    resumed, expected = checkpoint_values(model_dir), runs[1]
+    for key in expected:
+        np.testing.assert_array_equal(resumed[key], expected[key], err_msg=key)

@@ -119,6 +119,8 @@ class CheckpointStore:
         damaged_steps = {int(item.path.rsplit("-", 1)[1]) for item in damaged}
         self._kept = [kept for kept in checkpoint_steps(self.read_dir) if kept <= step and kept not in damaged_steps]
         self.latest = latest
+        if writable and self.read_dir == self.write_dir:
+            self._remove_leftovers()
         if writable and self.read_dir == self.write_dir and _read_state(self.read_dir)[:1] != [latest]:
             try:
                 self._write_state()
@@ -127,6 +129,15 @@ class CheckpointStore:
                 log.warning("Could not rewrite the checkpoint state file in %s (%s).", self.read_dir,
                             describe(error))
         return latest
+
+    def _remove_leftovers(self) -> None:
+        """Deletes `ckpt-<step>_temp*` folders: a save killed before TensorFlow merged its parts into place."""
+        for leftover in tf.io.gfile.glob(tf.io.gfile.join(self.read_dir, "ckpt-*_temp*")):
+            try:
+                tf.io.gfile.rmtree(leftover)
+                log.info("Removed %s, left by a checkpoint save that did not finish.", leftover)
+            except tf.errors.OpError as error:
+                log.warning("Could not remove %s (%s).", leftover, describe(error))
 
     def save(self, step: int) -> str:
         """Writes the checkpoint of `step`, reads it back, then deletes the oldest beyond `keep`; returns its path."""

@@ -21,6 +21,7 @@ import time
 
 from training.errors import ConfigError
 from training.storage_errors import describe
+from training.storage_wait import reporting
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +77,14 @@ class LocalLock:
 
     def acquire(self) -> None:
         self._created = not os.path.exists(self.model_dir)
+        if not self._created and not os.path.isdir(self.model_dir):
+            raise ConfigError(f"--model_dir={self.model_dir!r} is not a directory (a file is in the way). Nothing "
+                              "was written: pass another --model_dir.")
         try:
             os.makedirs(self.model_dir, exist_ok=True)
         except OSError as error:
             raise ConfigError(f"--model_dir={self.model_dir!r} cannot be created ({describe(error)}). Nothing was "
                               "written: pass a --model_dir in a folder you can write to.") from error
-        if not os.path.isdir(self.model_dir):
-            raise ConfigError(f"--model_dir={self.model_dir!r} is not a directory (a file is in the way). Nothing "
-                              "was written: pass another --model_dir.")
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -152,7 +153,8 @@ class GcsLock:
 
         record = _holder_record()
         try:
-            self._blob.upload_from_string(json.dumps(record), if_generation_match=0, timeout=30)
+            with reporting(f"the run lock {self.path}"):
+                self._blob.upload_from_string(json.dumps(record), if_generation_match=0, timeout=30)
         except exceptions.PreconditionFailed:
             self._take_over_if_stale(record)
         except exceptions.GoogleAPIError as error:
