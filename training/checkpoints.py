@@ -11,6 +11,7 @@ them. "Intact" means the index and every data shard read back with matching chec
 tensor's crc32c on read) and every floating-point value is finite.
 """
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -21,6 +22,7 @@ from tensorflow.python.checkpoint import checkpoint_management
 
 from training.errors import ConfigError, StorageError
 from training.storage_errors import describe
+from training.storage_wait import reporting
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,8 @@ class CheckpointStore:
         `writable`, the state file is rewritten to name the verified checkpoints, so CheckpointManager readers,
         TensorBoard and `tf.train.latest_checkpoint` agree with what is restored.
         """
-        latest, damaged = self.newest_intact()
+        with _waiting(f"the checkpoints in {self.read_dir} to be read back", self.read_dir):
+            latest, damaged = self.newest_intact()
         for item in damaged:
             log.warning("Checkpoint %s is damaged (%s): skipped%s.", item.path, item.reason,
                         f"; resuming from the newest intact one, {latest}" if latest else "")
@@ -142,6 +145,10 @@ class CheckpointStore:
     def save(self, step: int) -> str:
         """Writes the checkpoint of `step`, reads it back, then deletes the oldest beyond `keep`; returns its path."""
         path = self.path(step, self.write_dir)
+        with _waiting(f"the checkpoint save to {path}", path):
+            return self._save(step, path)
+
+    def _save(self, step: int, path: str) -> str:
         try:
             self.checkpoint.save_counter  # noqa: B018 - created on first use; CheckpointManager's files hold it too.
             self.checkpoint.write(path, options=self.options)
@@ -175,6 +182,11 @@ class CheckpointStore:
     def _delete(self, step: int) -> None:
         for name in tf.io.gfile.glob(self.path(step, self.write_dir) + ".*"):
             tf.io.gfile.remove(name)
+
+
+def _waiting(what: str, path: str):
+    """Progress lines while gs:// is slow (training/storage_wait.py); nothing for local paths."""
+    return reporting(what) if path.startswith("gs://") else contextlib.nullcontext()
 
 
 def _read_state(directory: str) -> list[str]:

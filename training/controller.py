@@ -95,9 +95,12 @@ class Controller:
                                                           model_dir=self.run_dir.model_dir) from error
             self._saved_step = self.trainer.step
             log.info("Resumed from %s at step %d.", latest, self.trainer.step)
-        if writable and previous != self.identity:
-            self.run_dir.write_json("run_identity.json", self.identity)
         return self.trainer.step
+
+    def record_identity(self) -> None:
+        """Writes run_identity.json (when it changed): the settings a later resume is checked against."""
+        if self.run_dir.read_json("run_identity.json") != self.identity:
+            self.run_dir.write_json("run_identity.json", self.identity)
 
     def restore_for_inference(self, *, writable: bool = True) -> int:
         """Restores the newest intact checkpoint for --mode=eval/export; a ConfigError if there is none."""

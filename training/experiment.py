@@ -10,13 +10,13 @@ import logging
 
 import gin
 
+from models.registry import get_model_builder
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
-from models.registry import get_model_builder
 from training import run_lock, stop_signals
 from training.config import ExperimentConfig
-from training.errors import ConfigError, StorageError
 from training.controller import Controller
+from training.errors import ConfigError, StorageError
 from training.gcs_preflight import check_gcs_paths
 from training.run_directory import RunDirectory
 from training.trainer import Trainer
@@ -39,6 +39,7 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     stop_signals.stop_if_requested("before training started")
     strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices, tpu=config.tpu,
                              startup_timeout_seconds=config.startup_timeout_seconds)
+    stop_signals.reclaim()  # MultiWorkerMirroredStrategy replaces the SIGTERM handler with its own.
     log.info("Strategy %s with %d replica(s); model_dir %s", type(strategy).__name__, strategy.num_replicas_in_sync,
              model_dir)
     if config.target_replicas and config.target_replicas != strategy.num_replicas_in_sync:
@@ -55,6 +56,7 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
             if mode == "train":
                 controller.restore()
                 stop_signals.stop_if_requested("before training started")
+                controller.record_identity()
                 run_dir.write_text("command.txt", command + "\n")
                 run_dir.write_text("operative_config.gin", gin.operative_config_str())
                 return controller.train_and_evaluate()

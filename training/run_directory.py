@@ -1,7 +1,7 @@
 """The run directory (`model_dir`, local or gs://) as the contract lays it out; all I/O through tf.io.gfile.
 
   model_dir/
-    checkpoints/            tf.train.CheckpointManager (the last `checkpoints_to_keep`)
+    checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (training/checkpoints.py)
     run.lock                held by the run writing here (training/run_lock.py); gone after it exits
     run_identity.json       settings a resumed run must share (training/run_identity.py)
     operative_config.gin    the gin configuration actually used

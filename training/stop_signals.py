@@ -34,10 +34,13 @@ def _handler(signum, frame):
 @contextlib.contextmanager
 def honoured():
     """Installs the handlers for the body (re-entrant; only in the main thread) and restores the previous ones."""
-    install = _state["depth"] == 0 and threading.current_thread() is threading.main_thread()
+    main_thread = threading.current_thread() is threading.main_thread()
+    install = _state["depth"] == 0 and main_thread
     if install:
         _state["received"] = None
         _state["previous"] = {signum: signal.signal(signum, _handler) for signum in _SIGNALS}
+    elif main_thread:
+        reclaim()
     _state["depth"] += 1
     try:
         yield
@@ -47,6 +50,17 @@ def honoured():
             for signum, previous in _state["previous"].items():
                 signal.signal(signum, previous)
             _state["previous"] = {}
+
+
+def reclaim() -> None:
+    """Re-installs the handlers while they are meant to be in place.
+
+    TensorFlow's MultiWorkerMirroredStrategy (its preemption notifier) installs a C++ SIGTERM handler of its own,
+    which silently replaces Python's: call this after creating a strategy.
+    """
+    if _state["depth"] > 0 and threading.current_thread() is threading.main_thread():
+        for signum in _SIGNALS:
+            signal.signal(signum, _handler)
 
 
 def requested() -> str | None:
