@@ -52,6 +52,17 @@ def test_a_second_run_on_a_held_model_dir_exits_2_naming_the_holder(storage, tmp
     # Negative control: released, the same command runs.
     third = run_train_py(*TINY, f"--model_dir={model_dir}", timeout=300)
     assert third.returncode == 0, third.stderr[-2000:]
+    if storage == "local":  # --mode=eval beside a training run: evaluates and prints, records nothing.
+        metrics = open(os.path.join(model_dir, "metrics.json")).read()
+        lock = LocalLock(model_dir)
+        lock.acquire()
+        try:
+            evaluated = run_train_py(*TINY, f"--model_dir={model_dir}", "--mode=eval", timeout=300)
+        finally:
+            lock.release()
+        assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+        assert "is in use by another run" in evaluated.stdout and "final: {'step': 10" in evaluated.stdout
+        assert open(os.path.join(model_dir, "metrics.json")).read() == metrics
 
 
 def test_two_local_locks_exclude_each_other_and_release_cleans_up(tmp_path):

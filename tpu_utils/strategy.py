@@ -105,7 +105,7 @@ def _multi_worker_mirrored(*, virtual_devices, tpu, startup_timeout_seconds):
 
 def io_device_for(strategy: tf.distribute.Strategy, path: str) -> str | None:
     """The device that must do checkpoint/SavedModel I/O for `path`: '/job:localhost' for a local path under a
-    TPUStrategy (the TPU workers cannot see this host's disk; shared/notes/tpu-facts.md), else None (default)."""
+    TPUStrategy (the TPU workers cannot see this host's disk), else None (default)."""
     if isinstance(strategy, tf.distribute.TPUStrategy) and not path.startswith("gs://"):
         return "/job:localhost"
     return None

@@ -74,14 +74,13 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
 @contextlib.contextmanager
 def _lock_for(mode: str, run_dir: RunDirectory):
     """Yields whether this process may write model_dir: the chief holds the run lock for the body. --mode=eval on a
-    model_dir it cannot write still evaluates and prints the metrics (without recording them)."""
+    model_dir it cannot write, or that a training run holds, still evaluates and prints the metrics (without
+    recording them)."""
     lock = run_lock.make_lock(run_dir.model_dir) if run_dir.is_chief else None
     if lock is not None:
         try:
             lock.acquire()
-        except run_lock.RunDirectoryInUse:
-            raise
-        except ConfigError as error:
+        except ConfigError as error:  # Held by a training run, or not writable.
             if mode != "eval":
                 raise
             log.warning("%s Evaluating without recording metrics.json.", error)
