@@ -28,4 +28,7 @@ def test_storage_errors_name_the_cause():
     assert cause(tf.errors.FailedPreconditionError(None, None, "/run/a is Not a directory")) == "not a directory"
     assert describe(tf.errors.PermissionDeniedError(None, None, "Read-only file system")).startswith(
         "read-only file system: ")
-    assert cause(ValueError("something else")) is None  # Negative control: no invented cause.
+    from google.api_core import exceptions
+
+    assert cause(exceptions.Forbidden("denied")) == "permission denied (403)"
+    assert cause(ValueError("ckpt-403.index: something else")) is None  # Negative control: no invented cause.

@@ -11,7 +11,7 @@ import errno
 _CAUSES = (
     ("permission denied", "permission denied"),
     ("operation not permitted", "permission denied"),
-    ("403", "permission denied (403)"),
+    ("response code 403", "permission denied (403)"),
     ("read-only file system", "read-only file system"),
     ("not a directory", "not a directory"),
     ("is a directory", "is a directory"),
@@ -22,8 +22,10 @@ _CAUSES = (
     ("couldn't connect", "storage unreachable"),
     ("connection refused", "storage unreachable"),
     ("timed out", "storage timed out"),
-    ("503", "storage unavailable (503)"),
+    ("response code 503", "storage unavailable (503)"),
 )
+_HTTP_CAUSES = {403: "permission denied (403)", 404: "not found (404)", 429: "rate limited (429)",
+                503: "storage unavailable (503)"}
 _ERRNO_CAUSES = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
                  errno.EROFS: "read-only file system", errno.ENOTDIR: "not a directory", errno.EISDIR: "is a directory",
                  errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EEXIST: "a file is in the way",
@@ -34,6 +36,8 @@ def cause(error: BaseException) -> str | None:
     """'permission denied', 'disk full', ... or None when the error does not say."""
     if isinstance(error, OSError) and error.errno in _ERRNO_CAUSES:
         return _ERRNO_CAUSES[error.errno]
+    if getattr(error, "code", None) in _HTTP_CAUSES:  # google-cloud-storage's exceptions carry the HTTP status.
+        return _HTTP_CAUSES[error.code]
     text = (getattr(error, "message", None) or str(error)).lower()
     return next((plain for needle, plain in _CAUSES if needle in text), None)
 
