@@ -216,18 +216,22 @@ class GcsLock:
             self._generation = None
 
 
+class NoLock:
+    """For a filesystem other than local and gs:// (e.g. s3://, via TensorFlow's plug-ins): not locked, said so."""
+
+    def __init__(self, model_dir: str):
+        self.model_dir = model_dir
+
+    def acquire(self) -> None:
+        log.warning("%s: no run lock on this filesystem (only local folders and gs://): make sure no other run "
+                    "writes there.", self.model_dir)
+
+    def release(self) -> None:
+        pass
+
+
 def make_lock(model_dir: str):
-    return GcsLock(model_dir) if model_dir.startswith("gs://") else LocalLock(model_dir)
-
-
-@contextlib.contextmanager
-def held(model_dir: str, *, enabled: bool = True):
-    """Holds the lock of `model_dir` for the body (a no-op when not `enabled`, e.g. off the chief)."""
-    lock = make_lock(model_dir) if enabled else None
-    if lock is not None:
-        lock.acquire()
-    try:
-        yield lock
-    finally:
-        if lock is not None:
-            lock.release()
+    """The lock for `model_dir`: gs:// objects, local (or mounted) folders, else NoLock."""
+    if model_dir.startswith("gs://"):
+        return GcsLock(model_dir)
+    return NoLock(model_dir) if "://" in model_dir else LocalLock(model_dir)
