@@ -138,3 +138,17 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(runs,
     resumed, expected = checkpoint_values(model_dir), runs[1]
     for key in expected:
         np.testing.assert_array_equal(resumed[key], expected[key], err_msg=key)
+
+
+def test_a_checkpoint_holding_nan_counts_as_damaged(tmp_path):
+    """A non-finite checkpoint (as older versions could save) is never resumed: verify() rejects it."""
+    import tensorflow as tf
+
+    from training.checkpoints import verify
+
+    weights = tf.Variable(np.ones(4, np.float32))
+    finite = tf.train.Checkpoint(weights=weights).write(str(tmp_path / "ckpt-1"))
+    weights.assign([1.0, np.nan, 1.0, 1.0])
+    poisoned = tf.train.Checkpoint(weights=weights).write(str(tmp_path / "ckpt-2"))
+    assert verify(finite) is None
+    assert verify(poisoned).startswith("holds non-finite values")
