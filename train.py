@@ -41,6 +41,14 @@ def experiment_name(gin_files: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Runs the command line `argv`; returns the exit code (README.md, "Exit codes")."""
+    from training import stop_signals  # Standard library only: SIGTERM/SIGINT are honoured from here on.
+
+    with stop_signals.honoured():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     args = parse_args(argv[1:])
     # Before TensorFlow loads: keep its C++ INFO lines off a newcomer's first screen (set it to 0 to see them).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -67,11 +75,12 @@ def main(argv: list[str]) -> int:
             return 0 if experiment.preflight(model_dir=model_dir) else EXIT_PREFLIGHT_FAILED
         result = experiment.run(model_dir=model_dir, mode=args.mode, command=shlex.join(argv))
     except (ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        message = str(error).split("\n  In call to configurable")[0]  # gin appends where a configurable failed.
+        print(f"error: {message}", file=sys.stderr, flush=True)
         return error.exit_code
     except KeyboardInterrupt:
-        print("error: stopped by a second interrupt, without a checkpoint of the current loop.", file=sys.stderr,
-              flush=True)
+        print("error: stopped by a second interrupt, before the current step's checkpoint was written; the "
+              "checkpoints saved before are intact.", file=sys.stderr, flush=True)
         return TrainingInterrupted.exit_code
     print(f"final: {result}", flush=True)
     return 0

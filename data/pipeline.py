@@ -30,6 +30,7 @@ import tensorflow_datasets as tfds
 from data import shard_stream
 from data.registry import DatasetSpec
 from training.errors import ConfigError
+from training.storage_errors import describe
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,13 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
 
 def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:
     """The TFDS builder for `spec`, built into `data_dir` first if it is not there yet (offline for bundled data)."""
-    builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
-    prepare(builder)
+    try:
+        builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
+        prepare(builder)
+    except (OSError, tf.errors.OpError) as error:  # Not a directory, permission denied, disk full, ...
+        raise ConfigError(f"DATA_DIR={data_dir!r} cannot be used for {spec.tfds_name!r} ({describe(error)}). Pass a "
+                          "DATA_DIR you can write to (TFDS prepares the dataset there once), e.g. "
+                          "--gin_param=\"DATA_DIR='~/tensorflow_datasets'\".") from error
     return builder
 
 

@@ -20,7 +20,7 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["TRAIN_STEPS=-5"], "TRAIN_STEPS=-5 must be an integer >= 1"),
     (["STEPS_PER_LOOP=0"], "STEPS_PER_LOOP=0 must be an integer >= 1"),
     (["EVAL_EVERY=150"], "EVAL_EVERY=150 must be a multiple of STEPS_PER_LOOP=100"),
-    (["LEARNING_RATE=-0.1"], "LEARNING_RATE=-0.1 must be a number > 0"),
+    (["LEARNING_RATE=-0.1"], "LEARNING_RATE=-0.1 must be a finite number > 0"),
     (["PRECISION='float8'"], "PRECISION='float8' is not one of"),
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
     (["experiment.optimizer='lion'"], "Unknown optimizer 'lion'"),

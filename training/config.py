@@ -5,6 +5,7 @@ configurable `experiment`, and configs/base.gin binds its fields to the contract
 """
 
 import dataclasses
+import math
 
 from training.errors import ConfigError
 
@@ -62,8 +63,8 @@ class ExperimentConfig:
                                   "(the host only acts between loops); e.g. "
                                   f"{name.upper()}={max(1, round(value / self.steps_per_loop)) * self.steps_per_loop}.")
         if not isinstance(self.learning_rate, (int, float)) or isinstance(self.learning_rate, bool) or \
-                not self.learning_rate > 0:
-            raise ConfigError(f"LEARNING_RATE={self.learning_rate!r} must be a number > 0.")
+                not 0 < self.learning_rate < math.inf:
+            raise ConfigError(f"LEARNING_RATE={self.learning_rate!r} must be a finite number > 0.")
         if self.clip_global_norm is not None and not self.clip_global_norm > 0:
             raise ConfigError(f"clip_global_norm={self.clip_global_norm!r} must be > 0, or None to disable clipping.")
         if self.precision not in PRECISIONS:

@@ -1,11 +1,15 @@
 """Parses gin config files and bindings into gin's global state, turning every gin failure into a ConfigError.
 
 Importing the modules that declare configurables happens here, before parsing, so a binding such as
-`mlp.hidden_units = (512,)` always finds its target.
+`mlp.hidden_units = (512,)` always finds its target. Every `include` is checked to exist first (gin itself fails
+with a TypeError), and a macro that no configuration uses (`--gin_param="FOO=1"`, a misspelt `TRAIN_STEP=5`) is an
+error rather than silently ignored.
 """
 
+import difflib
 import importlib
 import os
+import re
 
 import gin
 
@@ -29,6 +33,7 @@ def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> N
         gin.config._LOCATION_PREFIXES.remove(search_path)
     gin.config._LOCATION_PREFIXES.insert(0, search_path)
     resolved = [_resolve(path, search_path) for path in gin_files]
+    _check_includes(resolved, gin_params, search_path)
     try:
         gin.parse_config_files_and_bindings(resolved, gin_params, finalize_config=False)
         missing = [name for name in REQUIRED_MACROS if not _is_bound(name)]
@@ -36,11 +41,14 @@ def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> N
             raise ConfigError(f"The configuration {gin_files} does not set {', '.join(missing)}. Every experiment "
                               f"sets {', '.join(REQUIRED_MACROS)} (see configs/experiments/digits_mlp.gin), or pass "
                               f"them with --gin_param=\"{missing[0]}=...\".")
+        _check_macros_used()
         gin.finalize()
     except ConfigError:
         raise
-    except (ValueError, IOError, SyntaxError, KeyError) as error:
-        raise ConfigError(f"Could not parse the gin configuration {gin_files} + {gin_params}: {error}") from error
+    except Exception as error:  # noqa: BLE001 - gin reports bad input as any of a dozen exception types.
+        detail = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        raise ConfigError(f"Could not parse the gin configuration {gin_files} + {gin_params}: "
+                          f"{type(error).__name__}: {detail}") from error
 
 
 def _resolve(path: str, search_path: str) -> str:
@@ -50,6 +58,54 @@ def _resolve(path: str, search_path: str) -> str:
             return candidate
     raise ConfigError(f"--gin_file={path!r} does not exist (relative paths are tried from the current directory and "
                       f"from {search_path}). Configs live under configs/, e.g. configs/experiments/digits_mlp.gin.")
+
+
+_INCLUDE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.MULTILINE)
+
+
+def _check_includes(files: list[str], bindings: list[str], search_path: str) -> None:
+    """A ConfigError naming the first `include` (in the files, recursively, or the bindings) that does not exist."""
+    pending = [(path, open(path).read()) for path in files] + [("--gin_param", "\n".join(bindings))]
+    seen = set()
+    while pending:
+        source, text = pending.pop()
+        for included in _INCLUDE.findall(text):
+            candidates = [included, os.path.join(search_path, included),
+                          os.path.join(os.path.dirname(source), included)]
+            found = next((candidate for candidate in candidates if os.path.isfile(candidate)), None)
+            if found is None:
+                raise ConfigError(f"{source} includes {included!r}, which does not exist (tried from the current "
+                                  f"directory and from {search_path}). Fix the path; configs live under configs/.")
+            if os.path.abspath(found) not in seen:
+                seen.add(os.path.abspath(found))
+                pending.append((found, open(found).read()))
+
+
+def _check_macros_used() -> None:
+    """A ConfigError for a macro bound but never referenced as %NAME: a typo or a setting that does nothing."""
+    bound = {scope for scope, selector in gin.config._CONFIG if selector == "gin.macro"}
+    referenced = set()
+
+    def walk(value):
+        if isinstance(value, gin.config.ConfigurableReference):
+            if value.configurable.name == "macro":
+                referenced.add(value.scopes[-1] if value.scopes else "")
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+
+    walk(list(gin.config._CONFIG.values()))
+    unknown = sorted(bound - referenced)
+    if unknown:
+        known = sorted(referenced)
+        hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, n=1))
+                 else name for name in unknown]
+        raise ConfigError(f"Unknown macro {', '.join(hints)}: no configuration uses it. Known macros: "
+                          f"{', '.join(known)}. Remove it, or bind an argument instead (e.g. "
+                          "--gin_param=\"mlp.hidden_units=(512,)\").")
 
 
 def _is_bound(name: str) -> bool:

@@ -1,24 +1,28 @@
 """The host loop: the only code that decides when to log, evaluate, checkpoint, summarise and export.
 
-Between two on-device loops of STEPS_PER_LOOP steps it: checks the loss is finite (else exit 4 with the newest
-checkpoint on disk as the last good one), logs step/loss/accuracy/examples per second, writes TensorBoard
-summaries, evaluates every EVAL_EVERY steps (rewriting metrics.json), checkpoints every CHECKPOINT_EVERY steps, and
-honours SIGTERM/SIGINT (checkpoint, then exit 3). At the end it evaluates, checkpoints and exports.
+Between two on-device loops of STEPS_PER_LOOP steps it: checks the loss and every weight and optimizer variable
+are finite (else exit 4 naming the newest finite checkpoint; nothing non-finite is ever saved), warns when the loss
+diverges, logs step/loss/accuracy/examples per second, writes TensorBoard summaries, evaluates every EVAL_EVERY
+steps (rewriting metrics.json), checkpoints every CHECKPOINT_EVERY steps (training/checkpoints.py: read back before
+older ones are deleted), and honours SIGTERM/SIGINT (checkpoint, then exit 3). At the end it evaluates,
+checkpoints and exports; a stop requested during that still writes the final checkpoint first.
 """
 
-import contextlib
 import logging
 import math
-import signal
 import time
 
 import tensorflow as tf
 
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
+from training import run_identity, stop_signals
+from training.checkpoints import CheckpointStore
 from training.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
 from training.export import export_saved_model
+from training.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.run_directory import RunDirectory
+from training.storage_errors import describe
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -29,17 +33,19 @@ REPLICA_TOLERANCE = 1e-5  # The contract's replica-invariance tolerance in float
 class Controller:
     """Runs a Trainer to TRAIN_STEPS with the bookkeeping of the run directory."""
 
-    def __init__(self, trainer: Trainer, run_dir: RunDirectory):
+    def __init__(self, trainer: Trainer, run_dir: RunDirectory, *, model_settings: dict | None = None):
         self.trainer = trainer
         self.run_dir = run_dir
         self.config = trainer.config
+        self.identity = run_identity.run_identity(self.config, model_settings)
         # Non-chief workers save to a temporary folder (they must save too) and resume from the chief's checkpoints.
-        self.manager = tf.train.CheckpointManager(trainer.checkpoint, run_dir.checkpoint_write_dir,
-                                                  max_to_keep=self.config.checkpoints_to_keep,
-                                                  step_counter=trainer.global_step)
-        self._checkpoint_options = tf.train.CheckpointOptions(
-            experimental_io_device=io_device_for(trainer.strategy, run_dir.checkpoint_write_dir))
-        self._stop_signal = None
+        self.store = CheckpointStore(trainer.checkpoint, read_dir=run_dir.checkpoint_dir,
+                                     write_dir=run_dir.checkpoint_write_dir, keep=self.config.checkpoints_to_keep,
+                                     options=tf.train.CheckpointOptions(experimental_io_device=io_device_for(
+                                         trainer.strategy, run_dir.checkpoint_write_dir)),
+                                     verify_saves=run_dir.is_chief)
+        self._all_finite = make_finite_check(self._state_variables())
+        self._divergence = DivergenceMonitor()
         # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
         self._any_worker = make_any_worker(trainer.strategy) if is_multi_worker(trainer.strategy) else bool
         self._saved_step = None  # Step of the newest checkpoint this process wrote or restored.
@@ -64,37 +70,44 @@ class Controller:
             log.warning("TensorBoard events for %s/ at step %d not written (%s); training goes on.", name, step,
                         " ".join(error.message.split())[:200])
 
+    def _state_variables(self) -> list:
+        return [*self.trainer.model.variables, *self.trainer.optimizer.variables]
+
     def _save(self, step: int) -> None:
+        """Checkpoints `step` (once), never non-finite state (the loop's finite check ran just before)."""
         if step == self._saved_step:
             return
-        try:
-            self.manager.save(checkpoint_number=step, options=self._checkpoint_options)
-        except tf.errors.OpError as error:  # e.g. GCS unreachable: the checkpoint index still names the last good one.
-            raise StorageError(f"Saving the checkpoint of step {step} to {self.manager.directory} failed "
-                               f"({type(error).__name__}: {' '.join(error.message.split())[:300]}). The previous "
-                               f"checkpoint ({self.manager.latest_checkpoint or 'none'}) is intact: rerun the same "
-                               "command to resume from it once the storage is reachable.") from error
+        self.store.save(step)
         self._saved_step = step
 
-    def _latest_checkpoint(self) -> str | None:
-        return tf.train.latest_checkpoint(self.run_dir.checkpoint_dir)  # The chief's, which every worker resumes.
-
-    def restore(self) -> int:
-        """Restores the latest checkpoint if there is one (after checking it belongs to this run); returns the step."""
-        latest = self._latest_checkpoint()
-        self.run_dir.check_identity(self.config.identity(), has_checkpoint=latest is not None)
+    def restore(self, *, writable: bool = True) -> int:
+        """Restores the newest intact checkpoint if there is one (after checking it belongs to this run); returns
+        the step. Damaged newer checkpoints are skipped with a warning; none intact among files is exit 2."""
+        latest = self.store.find_restorable(writable=writable and self.run_dir.is_chief)
+        previous = self.run_dir.read_json("run_identity.json")
+        self.run_dir.read_json("metrics.json")  # A corrupt one is exit 2 now, not after training.
         if latest:
-            self.trainer.restore(latest)
+            run_identity.check_resume(previous, self.identity, model_dir=self.run_dir.model_dir)
+            try:
+                self.trainer.restore(latest)
+            except (ValueError, AssertionError, tf.errors.OpError) as error:  # Shapes or dtypes do not fit.
+                raise run_identity.restore_mismatch_error(previous, self.identity, checkpoint=latest, error=error,
+                                                          model_dir=self.run_dir.model_dir) from error
             self._saved_step = self.trainer.step
             log.info("Resumed from %s at step %d.", latest, self.trainer.step)
         return self.trainer.step
 
-    def restore_for_inference(self) -> int:
-        """Restores the latest checkpoint for --mode=eval/export; a ConfigError if there is none."""
-        if not self._latest_checkpoint():
+    def record_identity(self) -> None:
+        """Writes run_identity.json (when it changed): the settings a later resume is checked against."""
+        if self.run_dir.read_json("run_identity.json") != self.identity:
+            self.run_dir.write_json("run_identity.json", self.identity)
+
+    def restore_for_inference(self, *, writable: bool = True) -> int:
+        """Restores the newest intact checkpoint for --mode=eval/export; a ConfigError if there is none."""
+        if not self.store.has_files():
             raise ConfigError(f"No checkpoint in {self.run_dir.checkpoint_dir}: train first (--mode=train) or pass "
                               "the --model_dir of a trained run.")
-        return self.restore()
+        return self.restore(writable=writable)
 
     def train_and_evaluate(self) -> dict:
         """Trains from the current step to TRAIN_STEPS; returns the final {'step', 'train', 'eval'} metrics."""
@@ -103,8 +116,8 @@ class Controller:
             log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
                      config.train_steps)
         else:
-            iterator = trainer.train_iterator()
-            with self._catch_stop_signals():
+            iterator = self._train_iterator()
+            with stop_signals.honoured():
                 while trainer.step < config.train_steps:
                     self._run_one_loop(iterator)
                     step = trainer.step
@@ -112,25 +125,46 @@ class Controller:
                         break
                     if config.eval_every and step % config.eval_every == 0:
                         self.evaluate()
-                    if self._any_worker(self._stop_signal is not None):
-                        self._save(step)
-                        cause = signal.Signals(self._stop_signal).name if self._stop_signal else "another worker"
-                        raise TrainingInterrupted(f"Stopped by {cause} at step {step}; checkpoint saved. Rerun the "
-                                                  "same command to resume.")
+                    self._stop_if_requested(f"at step {step}")
                     if config.checkpoint_every and step % config.checkpoint_every == 0:
                         self._save(step)
-        final = self.evaluate()
-        self._save(trainer.step)
-        self.export()
+        with stop_signals.honoured():
+            final = self.evaluate()
+            self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
+            self._save(trainer.step)
+            self.export()
+            self._stop_if_requested(f"after the export of step {trainer.step}")
         self._check_replicas_agree()
         return final
 
-    def evaluate(self) -> dict:
-        """Exact evaluation now; logs it, writes eval summaries and metrics.json."""
+    def _train_iterator(self):
+        """The training iterator; a ConfigError (before any step) when the train split's files cannot be read."""
+        try:
+            return self.trainer.train_iterator()
+        except (tf.errors.DataLossError, tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError) as error:
+            data_dir = self.trainer.data.data_dir
+            raise ConfigError(f"The training split in {data_dir} cannot be read ({describe(error, 200)}): a TFRecord "
+                              f"file is truncated or corrupt. Delete {data_dir} and rerun to prepare it again (for a "
+                              "staged dataset: python -m data.stage ...).") from error
+
+    def _stop_if_requested(self, where: str, *, export_follows: bool = False) -> None:
+        """Honours a requested stop (every worker together): checkpoint, then exit 3."""
+        if not self._any_worker(stop_signals.requested() is not None):
+            return
+        self._save(self.trainer.step)
+        cause = stop_signals.requested() or "another worker"
+        skipped = "; the SavedModel was not exported (the rerun exports it)" if export_follows else ""
+        raise TrainingInterrupted(f"Stopped by {cause} {where}; checkpoint {self.store.latest} saved{skipped}. "
+                                  "Rerun the same command to resume.")
+
+    def evaluate(self, *, record: bool = True) -> dict:
+        """Exact evaluation now; logs it and, when `record`, writes eval summaries and metrics.json."""
         started = time.perf_counter()
         evaluation = self.trainer.evaluate()
         step = self.trainer.step
         log.info("eval step %d | %s | %.1f s", step, _format(evaluation), time.perf_counter() - started)
+        if not record:
+            return {"step": step, "train": self._train_metrics, "eval": evaluation}
         self._write_summaries("eval", step, evaluation)
         if not self._train_metrics:  # --mode=eval, or nothing left to train: keep the recorded training figures.
             self._train_metrics = (self.run_dir.read_json("metrics.json") or {}).get("train", {})
@@ -139,8 +173,13 @@ class Controller:
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        export_saved_model(self.trainer.model, self.trainer.task, path,
-                           io_device=io_device_for(self.trainer.strategy, path))
+        try:
+            export_saved_model(self.trainer.model, self.trainer.task, path,
+                               io_device=io_device_for(self.trainer.strategy, path))
+        except tf.errors.OpError as error:
+            raise StorageError(f"Exporting the SavedModel to {path} failed ({describe(error)}); nothing was left "
+                               f"there. The checkpoint {self.store.latest or '(none)'} is intact: fix the storage, "
+                               "then rerun with --mode=export.") from error
         if self.run_dir.is_chief:
             log.info("Exported SavedModel to %s", path)
         return path
@@ -162,34 +201,20 @@ class Controller:
         metrics = trainer.train(iterator, num_steps)
         seconds = time.perf_counter() - started
         step = trainer.step
-        if not math.isfinite(metrics["loss"]):
-            raise NonFiniteLossError(f"Loss became {metrics['loss']} between steps {step - num_steps} and {step}; "
-                                     "nothing was saved since. The newest checkpoint on disk "
-                                     f"({self._latest_checkpoint() or 'none yet'}) is the last good one. Lower "
+        if not math.isfinite(metrics["loss"]) or not self._all_finite():
+            what = f"Loss became {metrics['loss']}" if not math.isfinite(metrics["loss"]) else \
+                f"Weights or optimizer state became non-finite ({', '.join(non_finite_names(self._state_variables()))})"
+            newest, _ = self.store.newest_intact()  # Intact means finite, too.
+            raise NonFiniteLossError(f"{what} between steps {step - num_steps} and {step}; nothing was saved since. "
+                                     f"The newest finite checkpoint is {newest or 'none (no checkpoint yet)'}. Lower "
                                      "LEARNING_RATE or set experiment.clip_global_norm, then rerun to resume from it.")
+        self._divergence.observe(step, metrics["loss"])
         metrics["examples_per_second"] = num_steps * config.global_batch_size / seconds
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
         log.info("step %*d/%d | %s | lr %.4g", len(str(config.train_steps)), step, config.train_steps,
                  _format(metrics), learning_rate)
         self._write_summaries("train", step, {**metrics, "learning_rate": learning_rate})
         self._train_metrics = {key: value for key, value in metrics.items() if key != "examples_per_second"}
-
-    @contextlib.contextmanager
-    def _catch_stop_signals(self):
-        """SIGTERM/SIGINT set a flag that the loop honours at the next loop boundary; a second signal stops at once."""
-
-        def handler(signum, frame):
-            if self._stop_signal is not None:
-                raise KeyboardInterrupt
-            self._stop_signal = signum
-            log.warning("%s received: stopping after the current loop.", signal.Signals(signum).name)
-
-        previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for signum, old in previous.items():
-                signal.signal(signum, old)
 
 
 def _format(metrics: dict) -> str:

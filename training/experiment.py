@@ -4,14 +4,19 @@ train.py parses the gin files and bindings, then calls `run`. Library code below
 arguments and never reads gin.
 """
 
+import contextlib
+import inspect
 import logging
 
 import gin
 
+from models.registry import get_model_builder
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
+from training import run_lock, stop_signals
 from training.config import ExperimentConfig
 from training.controller import Controller
+from training.errors import ConfigError, StorageError
 from training.gcs_preflight import check_gcs_paths
 from training.run_directory import RunDirectory
 from training.trainer import Trainer
@@ -24,34 +29,89 @@ experiment = gin.external_configurable(ExperimentConfig, name="experiment")
 def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     """Builds the configured experiment and runs `mode` ('train', 'eval' or 'export'); returns its metrics.
 
-    `command` (the exact command line) is recorded in model_dir/command.txt.
+    `command` (the exact command line) is recorded in model_dir/command.txt. A stop requested by SIGTERM/SIGINT
+    before training ends the run (exit 3) before anything is written; the run lock is taken before the first write.
     """
+    stop_signals.stop_if_requested("before training started")
     config = experiment()  # All fields come from gin (configs/base.gin binds them to the contract's macros).
     # Buckets first: a missing or read-only bucket must not cost a TPU start-up or a training loop.
     check_gcs_paths({"DATA_DIR": config.data_dir, "model_dir": model_dir}, tpu_zone=config.tpu_zone)
+    stop_signals.stop_if_requested("before training started")
     strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices, tpu=config.tpu,
                              startup_timeout_seconds=config.startup_timeout_seconds)
+    stop_signals.reclaim()  # MultiWorkerMirroredStrategy replaces the SIGTERM handler with its own.
     log.info("Strategy %s with %d replica(s); model_dir %s", type(strategy).__name__, strategy.num_replicas_in_sync,
              model_dir)
     if config.target_replicas and config.target_replicas != strategy.num_replicas_in_sync:
         log.warning("This config is written for %d replicas and runs on %d: same global batch and learning rate, so "
                     "the result should match, but the per-replica batch and speed differ.", config.target_replicas,
                     strategy.num_replicas_in_sync)
-    trainer = Trainer(config, strategy, training=mode == "train")
     run_dir = RunDirectory(model_dir, is_chief=is_chief(strategy))
-    controller = Controller(trainer, run_dir)
+    with _lock_for(mode, run_dir) as writable:
+        try:
+            stop_signals.stop_if_requested("before training started")
+            trainer = Trainer(config, strategy, training=mode == "train")
+            controller = Controller(trainer, run_dir, model_settings=model_settings(config.model))
+            stop_signals.stop_if_requested("before training started")
+            if mode == "train":
+                controller.restore()
+                stop_signals.stop_if_requested("before training started")
+                controller.record_identity()
+                run_dir.write_text("command.txt", command + "\n")
+                run_dir.write_text("operative_config.gin", gin.operative_config_str())
+                return controller.train_and_evaluate()
+            controller.restore_for_inference(writable=writable)
+            if mode == "eval":
+                return _evaluate(controller, recorded=writable)
+            try:
+                return {"step": trainer.step, "export": controller.export()}
+            except StorageError as error:  # Nothing trained: the storage is the input that is wrong.
+                raise ConfigError(str(error)) from error
+        finally:
+            run_dir.cleanup()
+
+
+@contextlib.contextmanager
+def _lock_for(mode: str, run_dir: RunDirectory):
+    """Yields whether this process may write model_dir: the chief holds the run lock for the body. --mode=eval on a
+    model_dir it cannot write, or that a training run holds, still evaluates and prints the metrics (without
+    recording them)."""
+    lock = run_lock.make_lock(run_dir.model_dir) if run_dir.is_chief else None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except ConfigError as error:  # Held by a training run, or not writable.
+            if mode != "eval":
+                raise
+            log.warning("%s Evaluating without recording metrics.json.", error)
+            lock = None
     try:
-        if mode == "train":
-            controller.restore()
-            run_dir.write_text("command.txt", command + "\n")
-            run_dir.write_text("operative_config.gin", gin.operative_config_str())
-            return controller.train_and_evaluate()
-        controller.restore_for_inference()
-        if mode == "eval":
-            return controller.evaluate()
-        return {"step": trainer.step, "export": controller.export()}
+        yield lock is not None or not run_dir.is_chief
     finally:
-        run_dir.cleanup()
+        if lock is not None:
+            lock.release()
+
+
+def _evaluate(controller: Controller, *, recorded: bool) -> dict:
+    if not recorded:
+        return controller.evaluate(record=False)
+    try:
+        return controller.evaluate()
+    except StorageError as error:
+        log.warning("%s The metrics above were computed but not recorded.", error)
+        return controller.evaluate(record=False)
+
+
+def model_settings(model_name: str) -> dict:
+    """{'cnn.filters': (32, 64), ...}: the model builder's keyword arguments as gin binds them (else defaults)."""
+    try:
+        builder = get_model_builder(model_name)
+    except ConfigError:
+        return {}
+    name = getattr(builder, "__name__", model_name)
+    defaults = {key: parameter.default for key, parameter in inspect.signature(builder).parameters.items()
+                if parameter.default is not inspect.Parameter.empty}
+    return {f"{name}.{key}": value for key, value in {**defaults, **gin.get_bindings(builder)}.items()}
 
 
 def preflight(*, model_dir: str) -> bool:

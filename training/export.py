@@ -4,7 +4,13 @@ The signature is the task's (tasks/): it applies the same preprocessing as train
 (uint8 pixels, float feature vectors, ...) and gets named outputs (for classifiers: logits, probabilities, the
 class id and its name). Reload with `tf.saved_model.load(path)` and call
 `.signatures['serving_default'](**inputs)`; `keras.models.load_model` does not read SavedModel folders.
+
+The SavedModel is written to a temporary sibling folder and renamed into place, so `export/<step>/` either holds a
+complete SavedModel or does not exist (a full disk or a kill mid-export leaves no half-written version for a
+server to pick up).
 """
+
+import uuid
 
 import keras
 import tensorflow as tf
@@ -26,6 +32,15 @@ def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_de
     """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions."""
     module = _ServingModule(model, task)
     signature = tf.function(module.serve, input_signature=None).get_concrete_function(**task.serving_signature())
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": signature},
-                        options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
+    parent, name = export_dir.rstrip("/").rsplit("/", 1)
+    temporary = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tf.saved_model.save(module, temporary, signatures={"serving_default": signature},
+                            options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
+        if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again.
+            tf.io.gfile.rmtree(export_dir)
+        tf.io.gfile.rename(temporary, export_dir)
+    finally:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.rmtree(temporary)
     return export_dir

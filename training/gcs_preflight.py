@@ -13,6 +13,7 @@ import os
 import uuid
 
 from training.errors import ConfigError
+from training.storage_wait import reporting
 
 log = logging.getLogger(__name__)
 
@@ -46,46 +47,52 @@ def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) ->
     gcs_paths = {name: path for name, path in paths.items() if isinstance(path, str) and path.startswith("gs://")}
     if not gcs_paths:
         return
-    client = client or _default_client()
+    client = client or default_client()
     account = getattr(getattr(client, "_credentials", None), "service_account_email", None)
     who = f"the account {account}" if account else "your Application Default Credentials"
+    for name, path in gcs_paths.items():
+        with reporting(f"gs://{split_gs_path(path)[0]} ({name})"):
+            _check_bucket(client, name, path, who, tpu_zone)
+
+
+def _check_bucket(client, name: str, path: str, who: str, tpu_zone: str | None) -> None:
+    """The checks of check_gcs_paths for one path; a ConfigError on the first problem."""
     from google.api_core import exceptions
 
-    for name, path in gcs_paths.items():
-        bucket_name, prefix = split_gs_path(path)
-        try:
-            bucket = client.lookup_bucket(bucket_name)
-        except exceptions.Forbidden:
-            bucket = client.bucket(bucket_name)  # Listing buckets may be denied while writing is allowed.
-        except exceptions.GoogleAPIError as error:
-            raise ConfigError(f"{name}={path!r}: could not reach bucket gs://{bucket_name} ({error}).") from error
-        if bucket is None:
-            raise ConfigError(f"{name}={path!r}: bucket gs://{bucket_name} does not exist (or {who} cannot see it). "
-                              f"Create it in the TPU's region: gcloud storage buckets create gs://{bucket_name} "
-                              "--location=REGION.")
-        probe = bucket.blob("/".join(filter(None, [prefix, f".write-probe-{uuid.uuid4().hex}"])))
-        try:
-            probe.upload_from_string(b"", timeout=30)
-            probe.delete(timeout=30)
-        except exceptions.Forbidden as error:
-            raise ConfigError(f"{name}={path!r}: {who} cannot write to gs://{bucket_name} (403). Grant it "
-                              f"roles/storage.objectAdmin on the bucket (gcloud storage buckets add-iam-policy-binding "
-                              f"gs://{bucket_name} --member=... --role=roles/storage.objectAdmin), or use a bucket "
-                              "you can write to.") from error
-        except exceptions.GoogleAPIError as error:
-            raise ConfigError(f"{name}={path!r}: writing a test object to gs://{bucket_name} failed ({error}).") \
-                from error
-        if tpu_zone and bucket.location:
-            region = region_of_zone(tpu_zone)
-            if location_serves_region(bucket.location, region) is False:
-                raise ConfigError(f"{name}={path!r}: bucket gs://{bucket_name} is in {bucket.location}, the TPU in "
-                                  f"{tpu_zone} ({region}): every read crosses regions (slow, billed). Use a bucket in "
-                                  f"{region}, or set experiment.tpu_zone to the TPU's real zone.")
-        log.info("%s on gs://%s: exists, writable%s.", name, bucket_name,
-                 f", location {bucket.location}" if bucket.location else "")
+    bucket_name, prefix = split_gs_path(path)
+    try:
+        bucket = client.lookup_bucket(bucket_name)
+    except exceptions.Forbidden:
+        bucket = client.bucket(bucket_name)  # Listing buckets may be denied while writing is allowed.
+    except exceptions.GoogleAPIError as error:
+        raise ConfigError(f"{name}={path!r}: could not reach bucket gs://{bucket_name} ({error}).") from error
+    if bucket is None:
+        raise ConfigError(f"{name}={path!r}: bucket gs://{bucket_name} does not exist (or {who} cannot see it). "
+                          f"Create it in the TPU's region: gcloud storage buckets create gs://{bucket_name} "
+                          "--location=REGION.")
+    probe = bucket.blob("/".join(filter(None, [prefix, f".write-probe-{uuid.uuid4().hex}"])))
+    try:
+        probe.upload_from_string(b"", timeout=30)
+        probe.delete(timeout=30)
+    except exceptions.Forbidden as error:
+        raise ConfigError(f"{name}={path!r}: {who} cannot write to gs://{bucket_name} (403). Grant it "
+                          f"roles/storage.objectAdmin on the bucket (gcloud storage buckets add-iam-policy-binding "
+                          f"gs://{bucket_name} --member=... --role=roles/storage.objectAdmin), or use a bucket "
+                          "you can write to.") from error
+    except exceptions.GoogleAPIError as error:
+        raise ConfigError(f"{name}={path!r}: writing a test object to gs://{bucket_name} failed ({error}).") \
+            from error
+    if tpu_zone and bucket.location:
+        region = region_of_zone(tpu_zone)
+        if location_serves_region(bucket.location, region) is False:
+            raise ConfigError(f"{name}={path!r}: bucket gs://{bucket_name} is in {bucket.location}, the TPU in "
+                              f"{tpu_zone} ({region}): every read crosses regions (slow, billed). Use a bucket in "
+                              f"{region}, or set experiment.tpu_zone to the TPU's real zone.")
+    log.info("%s on gs://%s: exists, writable%s.", name, bucket_name,
+             f", location {bucket.location}" if bucket.location else "")
 
 
-def _default_client():
+def default_client():
     """A google-cloud-storage client on Application Default Credentials (or the emulator's, in tests)."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError

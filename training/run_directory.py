@@ -1,8 +1,9 @@
 """The run directory (`model_dir`, local or gs://) as the contract lays it out; all I/O through tf.io.gfile.
 
   model_dir/
-    checkpoints/            tf.train.CheckpointManager (the last `checkpoints_to_keep`)
-    run_identity.json       settings a resumed run must share (GLOBAL_BATCH_SIZE, SEED, MODEL, DATASET)
+    checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (training/checkpoints.py)
+    run.lock                held by the run writing here (training/run_lock.py); gone after it exits
+    run_identity.json       settings a resumed run must share (training/run_identity.py)
     operative_config.gin    the gin configuration actually used
     command.txt             the exact argv
     metrics.json            {"step": N, "train": {...}, "eval": {...}}, rewritten after each eval
@@ -19,6 +20,7 @@ import tempfile
 import tensorflow as tf
 
 from training.errors import ConfigError, StorageError
+from training.storage_errors import describe
 
 log = logging.getLogger(__name__)
 
@@ -74,31 +76,29 @@ class RunDirectory:
                 handle.write(text)
             tf.io.gfile.rename(temporary, self.path(name), overwrite=True)  # Readers never see a half-written file.
         except tf.errors.OpError as error:
-            raise StorageError(f"Writing {self.path(name)} failed ({type(error).__name__}: "
-                               f"{' '.join(error.message.split())[:300]}). Checkpoints written before are intact: "
-                               "rerun the same command to resume once the storage is reachable.") from error
+            raise StorageError(f"Writing {self.path(name)} failed ({describe(error)}). Checkpoints saved before it "
+                               "are intact (if any): rerun the same command once the storage is fixed.") from error
 
     def read_json(self, name: str) -> dict | None:
-        if not tf.io.gfile.exists(self.path(name)):
-            return None
-        with tf.io.gfile.GFile(self.path(name)) as handle:
-            return json.load(handle)
+        """The JSON object in model_dir/`name`, None if there is no such file; a ConfigError if it is corrupt."""
+        path = self.path(name)
+        try:
+            if not tf.io.gfile.exists(path):
+                return None
+            with tf.io.gfile.GFile(path) as handle:
+                value = json.load(handle)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{path} is corrupt (not JSON: {error}). It is rewritten by the run: delete it (or "
+                              "restore it from a copy), then rerun.") from error
+        except tf.errors.OpError as error:
+            raise ConfigError(f"{path} cannot be read ({describe(error)}).") from error
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} is corrupt (a JSON {type(value).__name__}, not an object): delete it (or "
+                              "restore it from a copy), then rerun.")
+        return value
 
     def write_json(self, name: str, value: dict) -> None:
         self.write_text(name, json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-    def check_identity(self, identity: dict, *, has_checkpoint: bool) -> None:
-        """Refuses to resume a checkpoint written with other data-order or model settings; records them otherwise."""
-        previous = self.read_json("run_identity.json")
-        if has_checkpoint and previous is not None:
-            changed = {key: (previous.get(key), value) for key, value in identity.items() if previous.get(key) != value}
-            if changed:
-                details = ", ".join(f"{key}: checkpoint {old!r}, now {new!r}" for key, (old, new) in changed.items())
-                raise ConfigError(f"{self.model_dir} holds a checkpoint of a different run ({details}). Resuming "
-                                  "would break the data order or the weights: restore the old values, or pass a new "
-                                  "--model_dir to start afresh.")
-        if previous != identity:
-            self.write_json("run_identity.json", identity)
 
     def write_metrics(self, step: int, train: dict, evaluation: dict) -> None:
         self.write_json("metrics.json", {"step": step, "train": _floats(train), "eval": _floats(evaluation)})

@@ -16,6 +16,7 @@ from tpu_utils import loop
 from tpu_utils.strategy import io_device_for
 from training import step
 from training.config import ExperimentConfig
+from training.errors import ConfigError
 from training.losses import get_loss
 from training.metrics import make_metrics
 from training.optimizers import make_optimizer
@@ -44,7 +45,12 @@ class Trainer:
         keras.mixed_precision.set_dtype_policy(config.precision)
         keras.utils.set_random_seed(config.seed)  # Same SEED -> same initial weights and data order.
         with strategy.scope():
-            self.model = model_builder(self.task.input_shape, self.task.output_size, **(model_options or {}))
+            try:
+                self.model = model_builder(self.task.input_shape, self.task.output_size, **(model_options or {}))
+            except (ValueError, TypeError) as error:  # e.g. cnn.filters=(0,): Keras rejects the layer.
+                raise ConfigError(f"MODEL={config.model!r} cannot be built with its settings: "
+                                  f"{' '.join(str(error).split())[:300]} Fix its gin bindings "
+                                  f"(e.g. {config.model}.<argument>=...).") from error
             self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
                                             schedule=config.lr_schedule, train_steps=config.train_steps)
             if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.

@@ -1,0 +1,80 @@
+"""No non-finite checkpoint is ever written, exit 4 names the newest finite one, a rerun with a sane rate resumes
+from it; a finite but exploding loss gets a divergence warning."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import run_train_py
+
+ARGS = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=EVAL_EVERY=0",
+        "--gin_param=experiment.lr_schedule='constant'"]
+
+
+def _finite_checkpoint_steps(checkpoints: str) -> list[int]:
+    """Steps of the checkpoints on disk; asserts every floating-point value in each is finite."""
+    steps = sorted(int(name[len("ckpt-"):-len(".index")]) for name in os.listdir(checkpoints)
+                   if name.endswith(".index"))
+    for step in steps:
+        reader = tf.train.load_checkpoint(os.path.join(checkpoints, f"ckpt-{step}"))
+        for key in reader.get_variable_to_shape_map():
+            value = reader.get_tensor(key)
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+                assert np.all(np.isfinite(value)), (step, key)
+    return steps
+
+
+def test_a_huge_learning_rate_leaves_no_non_finite_checkpoint_and_a_sane_rerun_resumes(tmp_path, data_dir):
+    model_dir, checkpoints = str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints")
+    loop_of_one = ["--gin_param=STEPS_PER_LOOP=1", "--gin_param=CHECKPOINT_EVERY=1"]
+    first = run_train_py(*ARGS, *loop_of_one, "--gin_param=TRAIN_STEPS=10", f"--model_dir={model_dir}")
+    assert first.returncode == 0, first.stderr[-2000:]
+
+    exploded = run_train_py(*ARGS, *loop_of_one, "--gin_param=TRAIN_STEPS=20", "--gin_param=LEARNING_RATE=1e39",
+                            f"--model_dir={model_dir}")
+    assert exploded.returncode == 4, exploded.stdout[-2000:] + exploded.stderr[-2000:]
+    # The loss of step 11 is computed before its update, so it is finite: the weights check is what stops it.
+    assert "Weights or optimizer state became non-finite (dense/kernel" in exploded.stderr
+    assert "between steps 10 and 11; nothing was saved since" in exploded.stderr
+    assert f"The newest finite checkpoint is {checkpoints}/ckpt-10" in exploded.stderr, exploded.stderr
+    assert _finite_checkpoint_steps(checkpoints) == [8, 9, 10]  # Nothing written after step 10.
+
+    sane = run_train_py(*ARGS, *loop_of_one, "--gin_param=TRAIN_STEPS=12", f"--model_dir={model_dir}")
+    assert sane.returncode == 0, sane.stderr[-2000:]
+    assert f"Resumed from {checkpoints}/ckpt-10 at step 10" in sane.stdout
+    assert _finite_checkpoint_steps(checkpoints) == [10, 11, 12]
+
+
+@pytest.mark.parametrize("learning_rate, warned", [(5.0, True), (0.05, False)])
+def test_a_finite_but_exploding_loss_gets_a_divergence_warning(learning_rate, warned, tmp_path, data_dir):
+    result = run_train_py(*ARGS, "--gin_param=STEPS_PER_LOOP=5", "--gin_param=CHECKPOINT_EVERY=0",
+                          "--gin_param=TRAIN_STEPS=40", f"--gin_param=LEARNING_RATE={learning_rate}",
+                          f"--model_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]  # Finite all along: a warning, not an exit.
+    assert ("Training is diverging" in result.stdout) is warned, result.stdout[-3000:]
+
+
+def test_the_finite_check_sees_a_nan_in_any_variable():
+    from training.health import make_finite_check, non_finite_names
+
+    weights, slot = tf.Variable(np.ones(3, np.float32), name="w"), tf.Variable(np.zeros(2, np.float32), name="m")
+    steps = tf.Variable(3, dtype=tf.int64, name="iterations")
+    all_finite = make_finite_check([weights, slot, steps])
+    assert all_finite()
+    slot.assign([0.0, np.nan])
+    assert not all_finite() and non_finite_names([weights, slot, steps]) == ["m:0"]
+    slot.assign([0.0, 0.0])
+    weights.assign([np.inf, 0.0, 0.0])
+    assert not all_finite()
+
+
+def test_divergence_monitor_warns_once_per_hundredfold_growth(caplog):
+    from training.health import DivergenceMonitor
+
+    monitor = DivergenceMonitor()
+    losses = {5: 2.3, 10: 0.5, 15: 30.0, 20: 60.0, 25: 600.0, 30: 6000.0, 35: 0.4}
+    flagged = [step for step, loss in losses.items() if monitor.observe(step, loss)]
+    assert flagged == [20, 25, 30]  # 30.0 is 60x the lowest (0.5): not yet.
+    assert len([record for record in caplog.records if "diverging" in record.getMessage()]) == 2

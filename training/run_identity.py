@@ -1,0 +1,52 @@
+"""What a resumed run must share with the run that wrote its checkpoint, recorded in model_dir/run_identity.json.
+
+Refused on resume when changed (exit 2, naming the setting and both values): GLOBAL_BATCH_SIZE, SEED, MODEL,
+DATASET (the data order and the weights), PRECISION and experiment.optimizer (the checkpoint's variables and
+their dtypes). The model builder's settings (e.g. `cnn.filters`) are recorded too: they may change on resume when
+the weights still fit (dropout, L2), and when they do not, the failed restore names the changed ones.
+"""
+
+import json
+
+from training.config import ExperimentConfig
+from training.errors import ConfigError
+
+STRICT_KEYS = ("GLOBAL_BATCH_SIZE", "SEED", "MODEL", "DATASET", "PRECISION", "experiment.optimizer")
+
+
+def run_identity(config: ExperimentConfig, model_settings: dict | None = None) -> dict:
+    """The identity of `config` as JSON values; `model_settings` as {'cnn.filters': (32, 64), ...}."""
+    identity = {**config.identity(), "PRECISION": config.precision, "experiment.optimizer": config.optimizer,
+                **(model_settings or {})}
+    return json.loads(json.dumps(identity))  # Tuples as lists, as they read back from the file.
+
+
+def changes(previous: dict, current: dict, keys=None) -> list[str]:
+    """'KEY: checkpoint OLD, now NEW' for each of `keys` (default: all) recorded in both and different.
+
+    Keys missing from `previous` (a run directory of an older version of this template) are not compared.
+    """
+    keys = current if keys is None else keys
+    return [f"{key}: checkpoint {previous[key]!r}, now {current[key]!r}" for key in keys
+            if key in previous and key in current and previous[key] != current[key]]
+
+
+def check_resume(previous: dict | None, current: dict, *, model_dir: str) -> None:
+    """A ConfigError if a setting of STRICT_KEYS differs from the checkpoint's run."""
+    changed = changes(previous or {}, current, STRICT_KEYS)
+    if changed:
+        raise ConfigError(f"{model_dir} holds a checkpoint of a different run ({', '.join(changed)}). Resuming "
+                          "would break the data order or the weights: restore the old values, or pass a new "
+                          "--model_dir to start afresh.")
+
+
+def restore_mismatch_error(previous: dict | None, current: dict, *, checkpoint: str, error: Exception,
+                           model_dir: str) -> ConfigError:
+    """The ConfigError for a checkpoint whose variables do not fit the model built now (shape or dtype)."""
+    changed = changes(previous or {}, current)
+    what = f"Changed since the checkpoint: {', '.join(changed)}." if changed else \
+        "run_identity.json records no changed setting (was the model code edited?)."
+    first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return ConfigError(f"{checkpoint} does not fit the model built now ({first_line[:200]}). {what} Restore the "
+                       f"old values to resume, or pass a new --model_dir to train this model from scratch "
+                       f"(the run in {model_dir} is left as it is).")
