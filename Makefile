@@ -1,7 +1,7 @@
 # Shortcuts for the commands in README.md. `make help` lists them.
 PYTHON ?= .venv/bin/python
 
-.PHONY: help install train test test-fast check-invariance preflight-tpu train-two-workers
+.PHONY: help install train test test-fast lint check-invariance preflight-tpu train-two-workers
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -14,6 +14,9 @@ train:  ## Train the default (offline digits) experiment.
 
 test:  ## The whole test suite (what CI runs).
 	$(PYTHON) -m pytest
+
+lint:  ## Ruff, as CI runs it.
+	$(dir $(PYTHON))ruff check .
 
 test-fast:  ## Everything but the tests marked slow.
 	$(PYTHON) -m pytest -m "not slow"

@@ -16,8 +16,7 @@ import os
 import shlex
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_GIN_FILE = "configs/default.gin"
+from training.config_files import DEFAULT_GIN_FILE, REPO_ROOT  # gin only: TensorFlow is not loaded here.
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -60,9 +59,8 @@ def _main(argv: list[str]) -> int:
 
         prepare_tpu_environment()
 
+    from common.errors import EXIT_PREFLIGHT_FAILED, ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
     from training import config_files
-    from training.errors import (EXIT_PREFLIGHT_FAILED, ConfigError, NonFiniteLossError, StorageError,
-                                 TrainingInterrupted)
 
     gin_files = args.gin_file or [DEFAULT_GIN_FILE]
     model_dir = args.model_dir or os.path.join("runs", experiment_name(gin_files))

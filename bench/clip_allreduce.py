@@ -48,7 +48,7 @@ def run_variant(double_all_reduce: bool, replicas: int, hidden: int, steps: int,
             gradients = step.sum_across_replicas(tape.gradient(loss, model.trainable_variables))
             gradients, _ = tf.clip_by_global_norm(gradients, 1.0)
             gradients = [gradient / replicas for gradient in gradients]  # apply_gradients sums them again.
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             return {"loss": loss}
     else:
         replica_step = step.make_train_step(model, optimizer, loss_fn, global_batch_size=batch, clip_global_norm=1.0,
@@ -83,7 +83,8 @@ def main() -> None:
     # grow chaotically, measured 1e-7 -> 5e-3 -> 5e-2 after 5, 50, 200 steps, in either variant alone as well).
     _, single_weights = run_variant(False, args.replicas, args.hidden, 5, args.batch, warmup=1)
     _, double_weights = run_variant(True, args.replicas, args.hidden, 5, args.batch, warmup=1)
-    worst = max(float(np.max(np.abs(a - b)) / np.max(np.abs(a))) for a, b in zip(single_weights, double_weights))
+    worst = max(float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+                for a, b in zip(single_weights, double_weights, strict=True))
     single, _ = run_variant(False, args.replicas, args.hidden, args.steps, args.batch)
     double, _ = run_variant(True, args.replicas, args.hidden, args.steps, args.batch)
     print(f"replicas {args.replicas}, MLP 784-{args.hidden}-{args.hidden}-10, global batch {args.batch}, "

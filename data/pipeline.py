@@ -27,10 +27,10 @@ import math
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from common.errors import ConfigError
+from common.storage_errors import describe
 from data import shard_stream
 from data.registry import DatasetSpec
-from training.errors import ConfigError
-from training.storage_errors import describe
 
 log = logging.getLogger(__name__)
 

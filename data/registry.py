@@ -7,11 +7,11 @@ task, so training and serving see the same inputs.
 
 import dataclasses
 
+from common.errors import ConfigError
 from data import imagenet
 from tasks.base import Task
 from tasks.image_classification import ImageClassification, flip_and_crop_32
 from tasks.tabular import TabularClassification, TabularRegression
-from training.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

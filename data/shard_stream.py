@@ -26,8 +26,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from common.errors import ConfigError
 from data.registry import DatasetSpec
-from training.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

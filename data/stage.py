@@ -22,9 +22,9 @@ def stage(dataset: str, data_dir: str, manual_dir: str | None = None) -> bool:
     """Prepares `dataset` in `data_dir`; returns False when it was already there (nothing done)."""
     import tensorflow_datasets as tfds
 
+    from common.gcs_checks import check_gcs_paths
     from data.pipeline import find_builder, prepare
     from data.registry import get_dataset_spec
-    from training.gcs_preflight import check_gcs_paths
 
     check_gcs_paths({"--data_dir": data_dir})
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--manual_dir", help="folder of manually downloaded files (ImageNet's tar files)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
-    from training.errors import ConfigError
+    from common.errors import ConfigError
 
     try:
         built = stage(args.dataset, args.data_dir, args.manual_dir)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import keras
 
+from common.errors import ConfigError
 from models import cnn, mlp, resnet
-from training.errors import ConfigError
 
 ModelBuilder = Callable[..., keras.Model]
 

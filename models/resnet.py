@@ -10,9 +10,8 @@ Convolutions have no bias (BatchNormalization follows); the last BN of each resi
 import gin
 import keras
 
+from common.errors import ConfigError
 from models.layers import StatelessDropout, logits_dtype
-
-from training.errors import ConfigError
 
 _BOTTLENECK_STAGES = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 

@@ -30,7 +30,7 @@ def _as_sets(images):
 def test_resumed_pipeline_continues_exactly(data_dir):
     full = _batches(data_dir, steps=80)[0]  # 80 x 24 > 1,437: crosses an epoch boundary.
     resumed = _batches(data_dir, start_step=70, steps=10)[0]
-    for (images_a, labels_a), (images_b, labels_b) in zip(full[70:], resumed):
+    for (images_a, labels_a), (images_b, labels_b) in zip(full[70:], resumed, strict=True):
         np.testing.assert_array_equal(images_a, images_b)
         np.testing.assert_array_equal(labels_a, labels_b)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from common.errors import ConfigError, StorageError
+from common.gcs_checks import check_gcs_paths, location_serves_region
 from tests.helpers import run_module, run_train_py
-from training.errors import ConfigError, StorageError
-from training.gcs_preflight import check_gcs_paths, location_serves_region
 
 TINY = ["--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10", "--gin_param=EVAL_EVERY=10",
         "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=cosine.warmup_steps=5"]
@@ -119,5 +119,5 @@ def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs, 
     Controller(restored, RunDirectory(model_dir)).restore()
     assert restored.step == 5
     assert len(weights_at_5) == len(restored.model.weights)
-    for weight, expected in zip(restored.model.weights, weights_at_5):
+    for weight, expected in zip(restored.model.weights, weights_at_5, strict=True):
         np.testing.assert_array_equal(weight.numpy(), expected)

@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from common.errors import ConfigError
 from data import imagenet, pipeline
 from data.registry import get_dataset_spec
 from helpers import checkpoint_values, run_module, run_train_py
-from training.errors import ConfigError
 
 
 def _jpeg(pixels: np.ndarray) -> tf.Tensor:

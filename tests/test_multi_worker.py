@@ -1,7 +1,7 @@
 """MultiWorkerMirroredStrategy through the local launcher: real worker processes talking gRPC on 127.0.0.1.
 
-What matters: two workers train exactly what one process trains with the same global batch (weights within the
-contract's 1e-5, with synchronized BatchNormalization as the contract's check prescribes), only the chief writes
+What matters: two workers train exactly what one process trains with the same global batch (weights within 1e-5 in
+float32, with synchronized BatchNormalization), only the chief writes
 model_dir, non-chief temporary folders are removed, a stop on one worker stops all of them at the same loop
 boundary, a failed worker brings the job down, and a worker whose peer never starts gives up in bounded time.
 """
@@ -20,7 +20,7 @@ import tensorflow as tf
 from tests.helpers import REPO_ROOT, run_train_py
 from tpu_utils.launch_local import LocalJob, tf_configs
 
-TOLERANCE = 1e-5  # The contract's replica-invariance tolerance (float32).
+TOLERANCE = 1e-5  # float32 rounding over a few steps is ~1e-6 (README.md, "Why float64").
 # default.gin (the CNN) shrunk to two loops: synchronized BatchNormalization so that per-replica batch statistics, a
 # legitimate difference, do not hide a real one; checkpoints every loop so the test can look at step 10 too. Kept
 # short on purpose: this CNN at LEARNING_RATE 0.05 with momentum amplifies float32 rounding noise (measured: 1 vs 2

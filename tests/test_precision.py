@@ -73,7 +73,7 @@ def test_float16_overflow_on_one_replica_skips_the_step_on_all(small_config, mon
     scale_before = float(trainer.optimizer.dynamic_scale.numpy())
     iterator = trainer.train_iterator()
     trainer.train(iterator, 1)  # The poisoned step.
-    for expected, copies in zip(initial, _copies(trainer)):
+    for expected, copies in zip(initial, _copies(trainer), strict=True):
         for copy in copies:  # Every replica skipped: weights untouched, bit for bit.
             np.testing.assert_array_equal(copy, expected)
     assert float(trainer.optimizer.dynamic_scale.numpy()) == scale_before / 2
@@ -87,7 +87,7 @@ def test_float16_overflow_on_one_replica_skips_the_step_on_all(small_config, mon
 def test_float16_two_replicas_agree_with_one_replica_after_a_skipped_overflow(small_config, monkeypatch):
     """Same overflow in both runs, then 4 normal steps: finite, and the 2-replica loss agrees with the 1-replica one.
 
-    As the contract says, mixed precision is checked for finiteness and loss agreement only: float16 rounding differs
+    As README.md says, mixed precision is checked for finiteness and loss agreement only: float16 rounding differs
     by replica count (2.3e-4 on weights overall, and several % on near-zero tensors such as young biases), so
     weights are compared for finiteness only. An overflow applied on one replica gives NaN (the negative control).
     """

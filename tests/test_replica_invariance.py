@@ -104,7 +104,7 @@ def test_the_probe_clip_binds(data_dir):
     unclipped, _ = replica_invariance.measure(config, [1], steps=5, force_clipping=False)
     clipped, probe = replica_invariance.measure(config, [1], steps=5)
     difference = max(replica_invariance.relative_difference(a, b)
-                     for (_, a), (_, b) in zip(clipped[0].weights, unclipped[0].weights))
+                     for (_, a), (_, b) in zip(clipped[0].weights, unclipped[0].weights, strict=True))
     assert probe.clip_global_norm > 0 and difference > 1e-6
 
 

@@ -57,6 +57,7 @@ def test_moving_statistics_are_the_mean_of_the_replica_statistics(small_config, 
                       make_strategy("mirrored", virtual_devices=replicas))
     trainer.model.set_weights(initial)
     trainer.train(trainer.train_iterator(), 5)
-    for expected, actual in zip(reference.model.non_trainable_weights, trainer.model.non_trainable_weights):
+    pairs = zip(reference.model.non_trainable_weights, trainer.model.non_trainable_weights, strict=True)
+    for expected, actual in pairs:
         scale = np.max(np.abs(expected.numpy()))
         assert np.max(np.abs(expected.numpy() - actual.numpy())) <= 1e-5 * scale, expected.path

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from helpers import checkpoint_values, run_train_py
 
@@ -34,7 +33,7 @@ def test_n_steps_then_resume_then_n_more_equals_2n_uninterrupted(tmp_path, data_
     for key in resumed:
         np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)  # Bit for bit on CPU.
 
-    # The run directory the contract promises.
+    # The run directory README.md promises.
     metrics = json.load(open(os.path.join(straight, "metrics.json")))
     assert metrics["step"] == 2 * N and set(metrics["eval"]) == {"loss", "accuracy"} and "loss" in metrics["train"]
     assert os.path.isfile(os.path.join(straight, "operative_config.gin"))
@@ -54,10 +53,10 @@ def test_resuming_with_another_batch_size_is_refused(tmp_path, data_dir):
 
 
 def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path, small_config):
+    from tpu_utils.strategy import make_strategy
     from training.controller import Controller
     from training.run_directory import RunDirectory
     from training.trainer import Trainer
-    from tpu_utils.strategy import make_strategy
 
     trainer = Trainer(small_config(model="cnn", train_steps=10), make_strategy("default"))
     controller = Controller(trainer, RunDirectory(str(tmp_path / "run")))
@@ -82,10 +81,10 @@ def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path
 
 
 def test_a_resumed_run_uses_the_newly_configured_learning_rate(tmp_path, small_config):
+    from tpu_utils.strategy import make_strategy
     from training.controller import Controller
     from training.run_directory import RunDirectory
     from training.trainer import Trainer
-    from tpu_utils.strategy import make_strategy
 
     first = Trainer(small_config(train_steps=5, learning_rate=0.05), make_strategy("default"))
     Controller(first, RunDirectory(str(tmp_path))).train_and_evaluate()

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from common.errors import ConfigError
 from helpers import run_train_py
-from training.errors import ConfigError
 from training.run_lock import LOCK_NAME, GcsLock, LocalLock, RunDirectoryInUse
 
 TINY = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=TRAIN_STEPS=10", "--gin_param=STEPS_PER_LOOP=5",

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from common.errors import ConfigError
 from data import pipeline, shard_stream
 from data.registry import get_dataset_spec
-from training.errors import ConfigError
 
 GLOBAL_BATCH = 24
 NUM_EXAMPLES = 1437

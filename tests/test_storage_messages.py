@@ -5,11 +5,11 @@ import time
 
 import tensorflow as tf
 
-from training.storage_errors import cause, describe
+from common.storage_errors import cause, describe
 
 
 def test_a_slow_storage_wait_prints_a_progress_line_every_interval(caplog):
-    from training.storage_wait import reporting
+    from common.storage_wait import reporting
 
     with reporting("gs://slow-bucket", every=0.2):
         time.sleep(0.7)

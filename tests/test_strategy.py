@@ -11,10 +11,10 @@ import time
 import pytest
 import tensorflow as tf
 
+from common.errors import ConfigError
 from helpers import REPO_ROOT
 from tpu_utils import strategy as strategy_module
 from tpu_utils.strategy import make_strategy
-from training.errors import ConfigError
 
 
 def test_auto_on_a_cpu_only_host_is_the_default_strategy():
@@ -56,7 +56,7 @@ def test_multi_worker_without_tf_config_is_a_config_error(monkeypatch):
 def test_tpu_local_without_a_tpu_fails_fast_with_advice():
     """TPUClusterResolver('local') constructs; initialising finds no TPU: a ConfigError within seconds."""
     script = ("from tpu_utils.strategy import make_strategy\n"
-              "from training.errors import ConfigError\n"
+              "from common.errors import ConfigError\n"
               "try:\n    make_strategy('tpu', tpu='local')\n"
               "except ConfigError as error:\n    print('CONFIG_ERROR', error)\n")
     started = time.monotonic()

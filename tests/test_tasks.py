@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from common.errors import ConfigError
 from helpers import REPO_ROOT, run_train_py
 from tpu_utils.strategy import make_strategy
 from training import config_files, experiment, replica_invariance
-from training.errors import ConfigError
 from training.trainer import Trainer
 
 CLASSIFICATION = "configs/experiments/breast_cancer_mlp.gin"

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from common.errors import ConfigError
 from tpu_utils.strategy import make_strategy
 from tpu_utils.tf_config import parse_tf_config
-from training.errors import ConfigError
 
 TWO_WORKERS = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
 
@@ -30,12 +30,14 @@ def test_valid_configs_name_the_chief(cluster, task, is_chief, num_workers):
     (json.dumps({"task": {"type": "worker", "index": 0}}), "TF_CONFIG['cluster'] must map job names"),
     (json.dumps({"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": 0}}), "job 'ps'"),
     (json.dumps({"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}), "must be a non-empty list"),
-    (json.dumps({"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}), "expected 'host:port'"),
+    (json.dumps({"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}),
+     "expected 'host:port'"),
     (json.dumps({"cluster": {"chief": ["a:1", "b:2"]}, "task": {"type": "chief", "index": 0}}), "there is one chief"),
     (json.dumps({"cluster": {"evaluator": ["a:1"]}, "task": {"type": "evaluator", "index": 0}}), "nobody would train"),
     (json.dumps({"cluster": TWO_WORKERS}), "TF_CONFIG['task'] must be"),
     (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "chief", "index": 0}}), "['task']['type']='chief' is not"),
-    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 2}}), "['task']['index']=2 is out of range"),
+    (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 2}}),
+     "['task']['index']=2 is out of range"),
     (json.dumps({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": "0"}}), "['task']['index']='0'"),
 ])
 def test_bad_configs_are_config_errors_that_name_the_field(text, message):

@@ -11,10 +11,10 @@ import types
 
 import pytest
 
+from common.errors import ConfigError
 from tests.helpers import REPO_ROOT, run_train_py
 from tpu_utils import tpu_init
 from tpu_utils.launch_local import free_loopback_ports
-from training.errors import ConfigError
 
 
 @pytest.mark.parametrize("tpu", ["local", "my-tpu-pod", "v3-32", "grpc://10.0.0.2:8470"])

@@ -9,8 +9,8 @@ import os
 
 import tensorflow as tf
 
+from common.errors import ConfigError
 from tpu_utils.deadline import exit_if_stuck
-from training.errors import ConfigError
 
 STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker_mirrored", "tpu")
 

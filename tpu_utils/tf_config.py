@@ -9,7 +9,7 @@ it is a ConfigError (exit 2) that names the field. The chief is task 'chief', or
 import dataclasses
 import json
 
-from training.errors import ConfigError
+from common.errors import ConfigError
 
 _JOBS = ("chief", "worker", "evaluator")
 

@@ -19,10 +19,10 @@ import re
 
 import tensorflow as tf
 
+from common.errors import ConfigError
 from tpu_utils.deadline import exit_if_stuck
 from tpu_utils.tpu_facts import gather_facts
 from tpu_utils.tpu_startup import PJRT_ENV, decide
-from training.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
-from training.errors import ConfigError, StorageError
-from training.storage_errors import describe
-from training.storage_wait import reporting
+from common.errors import ConfigError, StorageError
+from common.storage_errors import describe
+from common.storage_wait import reporting
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class CheckpointStore:
 
 
 def _waiting(what: str, path: str):
-    """Progress lines while gs:// is slow (training/storage_wait.py); nothing for local paths."""
+    """Progress lines while gs:// is slow (common/storage_wait.py); nothing for local paths."""
     return reporting(what) if path.startswith("gs://") else contextlib.nullcontext()
 
 

@@ -1,13 +1,14 @@
 """ExperimentConfig: every setting of one run, validated before anything is built.
 
 A plain dataclass (usable without gin in tests and tools); `training/experiment.py` exposes it to gin as the root
-configurable `experiment`, and configs/base.gin binds its fields to the contract's macros (STRATEGY, MODEL, ...).
+configurable `experiment`, and configs/base.gin binds its fields to the macros (STRATEGY, MODEL, ...: README.md,
+"Macros").
 """
 
 import dataclasses
 import math
 
-from training.errors import ConfigError
+from common.errors import ConfigError
 
 # float64: the replica-invariance check's precision (exact math to ~1e-15); on CPUs only, slow elsewhere.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "float64")

@@ -14,20 +14,20 @@ import time
 
 import tensorflow as tf
 
+from common.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
+from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
 from training import run_identity, stop_signals
 from training.checkpoints import CheckpointStore
-from training.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
 from training.export import export_saved_model
 from training.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.run_directory import RunDirectory
-from training.storage_errors import describe
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-REPLICA_TOLERANCE = 1e-5  # The contract's replica-invariance tolerance in float32.
+REPLICA_TOLERANCE = 1e-5  # Replicas' copies of a weight agree far closer than this (float32 rounding is ~1e-7).
 
 
 class Controller:

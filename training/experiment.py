@@ -10,14 +10,14 @@ import logging
 
 import gin
 
+from common.errors import ConfigError, StorageError
+from common.gcs_checks import check_gcs_paths
 from models.registry import get_model_builder
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
 from training import run_lock, stop_signals
 from training.config import ExperimentConfig
 from training.controller import Controller
-from training.errors import ConfigError, StorageError
-from training.gcs_preflight import check_gcs_paths
 from training.run_directory import RunDirectory
 from training.trainer import Trainer
 
@@ -33,7 +33,7 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     before training ends the run (exit 3) before anything is written; the run lock is taken before the first write.
     """
     stop_signals.stop_if_requested("before training started")
-    config = experiment()  # All fields come from gin (configs/base.gin binds them to the contract's macros).
+    config = experiment()  # All fields come from gin (configs/base.gin binds them to the README's macros).
     # Buckets first: a missing or read-only bucket must not cost a TPU start-up or a training loop.
     check_gcs_paths({"DATA_DIR": config.data_dir, "model_dir": model_dir}, tpu_zone=config.tpu_zone)
     stop_signals.stop_if_requested("before training started")

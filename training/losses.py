@@ -9,7 +9,7 @@ import gin
 import keras
 import tensorflow as tf
 
-from training.errors import ConfigError
+from common.errors import ConfigError
 
 
 @gin.configurable

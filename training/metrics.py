@@ -16,7 +16,7 @@ from collections.abc import Callable
 import keras
 import tensorflow as tf
 
-from training.errors import ConfigError
+from common.errors import ConfigError
 
 
 class Metric:

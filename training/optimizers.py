@@ -9,7 +9,7 @@ the summed gradients in training/step.py.
 import gin
 import keras
 
-from training.errors import ConfigError
+from common.errors import ConfigError
 
 
 @gin.configurable

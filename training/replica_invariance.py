@@ -200,13 +200,13 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow loads: float64 kernels log warnings.
 
-    import train  # The entry point's gin handling, so the check reads configs exactly as training does.
-    from training import config_files, experiment
-    from training.errors import ConfigError
+    from common.errors import ConfigError
+    from training import config_files, experiment  # The gin handling of train.py: configs read as training does.
 
     try:
         replica_counts = [int(count) for count in args.replicas.split(",")]
-        config_files.parse(args.gin_file or [train.DEFAULT_GIN_FILE], args.gin_param, search_path=train.REPO_ROOT)
+        config_files.parse(args.gin_file or [config_files.DEFAULT_GIN_FILE], args.gin_param,
+                           search_path=config_files.REPO_ROOT)
         runs, probe = measure(experiment.experiment(), replica_counts, steps=args.steps or default_steps(),
                               force_regularization=args.force_regularization, force_clipping=args.force_clipping)
     except (ConfigError, ValueError) as error:

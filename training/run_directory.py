@@ -1,4 +1,4 @@
-"""The run directory (`model_dir`, local or gs://) as the contract lays it out; all I/O through tf.io.gfile.
+"""The run directory (`model_dir`, local or gs://) as README.md ("Run directory") lays it out; I/O through tf.io.gfile.
 
   model_dir/
     checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (training/checkpoints.py)
@@ -19,8 +19,8 @@ import tempfile
 
 import tensorflow as tf
 
-from training.errors import ConfigError, StorageError
-from training.storage_errors import describe
+from common.errors import ConfigError, StorageError
+from common.storage_errors import describe
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ the weights still fit (dropout, L2), and when they do not, the failed restore na
 
 import json
 
+from common.errors import ConfigError
 from training.config import ExperimentConfig
-from training.errors import ConfigError
 
 STRICT_KEYS = ("GLOBAL_BATCH_SIZE", "SEED", "MODEL", "DATASET", "PRECISION", "experiment.optimizer")
 

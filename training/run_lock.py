@@ -19,9 +19,9 @@ import socket
 import threading
 import time
 
-from training.errors import ConfigError
-from training.storage_errors import describe
-from training.storage_wait import reporting
+from common.errors import ConfigError
+from common.storage_errors import describe
+from common.storage_wait import reporting
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _holder_record() -> dict:
 
 
 def _iso(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _describe_holder(record: dict) -> str:
@@ -136,7 +136,7 @@ class GcsLock:
     """The generation-precondition lock of a gs:// model_dir, with a heartbeat thread."""
 
     def __init__(self, model_dir: str, client=None):
-        from training.gcs_preflight import default_client, split_gs_path
+        from common.gcs_checks import default_client, split_gs_path
 
         bucket_name, prefix = split_gs_path(model_dir)
         self.model_dir = model_dir

@@ -115,7 +115,8 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
         if clip_global_norm:  # Under loss scaling the gradients are scaled too: so is the norm to clip them at.
             clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
         gradients = sum_then_clip(tape.gradient(scaled_loss, variables), clip_norm)
-        optimizer.apply_gradients(zip(gradients, variables))  # With loss scaling: unscales, skips if non-finite.
+        # With loss scaling, apply_gradients unscales them and skips the step if they are not finite.
+        optimizer.apply_gradients(zip(gradients, variables, strict=True))
         for metric in metrics:  # Per replica; Keras sums the replicas' totals on read: no rescaling.
             metric.update(labels, logits)
         return {"loss": loss, "regularization": regularization}

@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 
-from training.errors import TrainingInterrupted
+from common.errors import TrainingInterrupted
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from common.errors import ConfigError
 from data import pipeline
 from data.registry import get_dataset_spec
 from models.registry import get_model_builder
@@ -16,7 +17,6 @@ from tpu_utils import loop
 from tpu_utils.strategy import io_device_for
 from training import step
 from training.config import ExperimentConfig
-from training.errors import ConfigError
 from training.losses import get_loss
 from training.metrics import make_metrics
 from training.optimizers import make_optimizer

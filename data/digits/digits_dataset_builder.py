@@ -43,6 +43,6 @@ class SklearnDigits(tfds.core.GeneratorBasedBuilder):
 
         digits = load_digits()
         images = digits.images.astype(np.uint8)[..., np.newaxis]
-        for index, (image, label) in enumerate(zip(images, digits.target)):
+        for index, (image, label) in enumerate(zip(images, digits.target, strict=True)):
             if (index % TEST_EVERY == 0) == is_test:
                 yield index, {"image": image, "label": int(label)}

@@ -41,7 +41,7 @@ class SklearnBreastCancer(tfds.core.GeneratorBasedBuilder):
         from sklearn.datasets import load_breast_cancer
 
         data = load_breast_cancer()
-        for index, (row, label) in enumerate(zip(data.data.astype(np.float32), data.target)):
+        for index, (row, label) in enumerate(zip(data.data.astype(np.float32), data.target, strict=True)):
             if (index % TEST_EVERY == 0) == is_test:
                 yield index, {"features": row, "label": int(label)}
 

@@ -38,7 +38,7 @@ _WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
 def make_tls_context(ca_file: str) -> ssl.SSLContext:
     """A server context for GCS_HOSTS with a certificate from a fresh CA; the CA goes to `ca_file`."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "template tests throw-away CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())

@@ -1,4 +1,4 @@
-"""Error types that carry the process exit code of the contract (README.md, "Exit codes").
+"""Error types that carry the process exit codes listed in README.md, "Exit codes".
 
 `train.py` maps each one to its exit code; everything else is a bug and exits 1 with a traceback.
 """
@@ -34,7 +34,7 @@ class TrainingInterrupted(RuntimeError):
 class StorageError(RuntimeError):
     """Writing to model_dir failed mid-run (e.g. GCS unreachable); earlier checkpoints, if any, are intact (exit 1).
 
-    Not one of the contract's codes: it is neither the config's fault nor an interruption the run planned for.
+    Not one of the documented codes 2-5: it is neither the config's fault nor an interruption the run planned for.
     """
 
     exit_code = 1

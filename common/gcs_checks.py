@@ -12,8 +12,8 @@ import logging
 import os
 import uuid
 
-from training.errors import ConfigError
-from training.storage_wait import reporting
+from common.errors import ConfigError
+from common.storage_wait import reporting
 
 log = logging.getLogger(__name__)
 
