@@ -44,13 +44,15 @@ def test_every_experiment_runs_two_loops(path, tmp_path, data_dir):
     from training import experiment
 
     config_files.parse([path], TINY + [f"DATA_DIR = '{tmp_path / 'data'}'"], search_path=REPO_ROOT)
-    dataset = config_files.macro("DATASET")
+    from data.registry import get_dataset_spec
+
     model_dir = str(tmp_path / "run")
-    if dataset == "digits":
+    if get_dataset_spec(config_files.macro("DATASET")).module:  # Bundled: built offline for real.
         result = experiment.run(model_dir=model_dir)
-    else:
+    else:  # Download-only (MNIST, CIFAR-10): TFDS's mock data.
         with tfds.testing.mock_data(num_examples=40):
             result = experiment.run(model_dir=model_dir)
     assert result["step"] == 4
-    assert 0.0 <= result["eval"]["accuracy"] <= 1.0 and result["train"]["loss"] > 0
+    assert result["train"]["loss"] > 0 and result["eval"]["loss"] > 0
+    assert 0.0 <= result["eval"].get("accuracy", 0.0) <= 1.0
     assert os.path.isdir(os.path.join(model_dir, "export", "4"))
