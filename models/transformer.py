@@ -15,6 +15,17 @@ import keras
 from models.layers import StatelessDropout, logits_dtype
 
 
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned vector per position to [batch, length, dim] inputs."""
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(shape=(input_shape[1], input_shape[2]), initializer="uniform",
+                                          name="embeddings")
+
+    def call(self, x):
+        return x + keras.ops.cast(self.embeddings, x.dtype)[None]
+
+
 class EncoderBlock(keras.layers.Layer):
     """x + Dropout(Attention(LN(x))), then x + Dropout(FFN(LN(x))); `mask` [batch, length] marks real tokens."""
 
@@ -60,12 +71,10 @@ def transformer(input_shape, num_classes, *, vocab_size, model_dim=64, num_heads
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"transformer.{name}={value!r} must be an integer >= 1.")
     regularizer = keras.regularizers.L2(kernel_l2) if kernel_l2 else None
-    length = input_shape[0]
     tokens = keras.Input(shape=input_shape, dtype="int32", name="token_ids")
     mask = keras.ops.cast(keras.ops.not_equal(tokens, 0), keras.config.dtype_policy().compute_dtype)
     x = keras.layers.Embedding(vocab_size, model_dim, name="token_embedding")(tokens)
-    positions = keras.ops.arange(length, dtype="int32")[None, :]
-    x = x + keras.layers.Embedding(length, model_dim, name="position_embedding")(positions)
+    x = PositionEmbedding(name="position_embedding")(x)
     x = StatelessDropout(dropout_rate, salt=0)(x)
     for index in range(num_blocks):
         x = EncoderBlock(model_dim=model_dim, num_heads=num_heads, ffn_dim=ffn_dim, dropout_rate=dropout_rate,

@@ -5,7 +5,8 @@ clauses about a product ("The battery is not very good, but the screen is great.
 ("I bought it last week."), in mixed case with punctuation. Its label is the sentiment of the clause that decides:
 the clause after "but" when there is one, else the only clause; an adjective's polarity flips under "not"/"never".
 So the words alone do not tell the label (a bag of words sees "good" and "great" in a negative review): word order
-and negation matter, which is what a sequence model is for.
+and negation matter, which is what a sequence model is for. One label in twenty is flipped at random (annotation
+noise, as in real data), so about 95% is the best test accuracy a model can reach.
 
 5,000 reviews from NumPy seed 0; test = every fifth (index % 5 == 0, 1,000), train = the other 4,000; about half of
 each class. Features: `text` (a string) and `label` (ClassLabel: negative, positive). At most 23 words per review.
@@ -27,6 +28,7 @@ OPENERS = ("", "", "", "honestly,", "overall", "well,", "to be fair", "in short"
 FILLERS = ("I bought it last week.", "It arrived on Tuesday.", "My brother uses one too.", "I use it every day.",
            "This is my second one.", "It came in a blue box.", "I got it as a gift.", "We ordered two of them.")
 CLASS_NAMES = ("negative", "positive")
+LABEL_NOISE = 0.05  # The chance that a review's label is flipped.
 
 
 def _clause(rng: np.random.RandomState) -> tuple[str, int]:
@@ -51,6 +53,8 @@ def review(rng: np.random.RandomState) -> tuple[str, int]:
     sentence = sentence[0].upper() + sentence[1:] + rng.choice((".", "!", "."))
     filler = rng.choice(FILLERS)
     placement = rng.randint(3)  # 0: none, 1: before, 2: after.
+    if rng.rand() < LABEL_NOISE:
+        label = 1 - label
     return {0: sentence, 1: f"{filler} {sentence}", 2: f"{sentence} {filler}"}[placement], label
 
 
@@ -58,7 +62,7 @@ class SyntheticReviews(tfds.core.GeneratorBasedBuilder):
     """Generated product reviews with a sentiment label (see the module docstring)."""
 
     VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release: NumPy seed 0, 5,000 reviews, test = index % 5 == 0."}
+    RELEASE_NOTES = {"1.0.0": "Initial release: NumPy seed 0, 5,000 reviews, 5% label noise, test = index % 5 == 0."}
 
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
