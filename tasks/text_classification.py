@@ -77,8 +77,10 @@ class TextClassification(Task):
     def bind(self, builder):
         task = dataclasses.replace(self, class_names=label_names(builder, self.label_key))
         if task.vocabulary is None:
-            texts = builder.as_dataset(split=self.train_split, batch_size=-1)[self.text_key]
-            counts = collections.Counter(word.decode() for text in standardize(texts).numpy() for word in text.split())
+            texts = (builder.as_dataset(split=self.train_split, shuffle_files=False)
+                     .map(lambda example: standardize(example[self.text_key])).batch(4096))
+            counts = collections.Counter(word.decode() for batch in texts.as_numpy_iterator() for text in batch
+                                         for word in text.split())
             ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:self.max_tokens - 2]
             task = dataclasses.replace(task, vocabulary=tuple(word for word, _ in ranked))
         task._lookup  # noqa: B018 - Refuses a collision now, before anything is built.

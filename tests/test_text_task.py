@@ -170,7 +170,7 @@ def test_negative_control_without_the_padding_mask_padding_changes_the_output(mo
 def test_the_transformer_trains_in_mixed_bfloat16_with_float32_logits(data_dir):
     trainer = Trainer(_shipped("PRECISION='mixed_bfloat16'"), make_strategy("default"))
     assert trainer.model.get_layer("token_embedding").compute_dtype == "bfloat16"
-    assert trainer.model.outputs[0].dtype == "float32"
+    assert trainer.model.outputs[0].dtype == "float32" and all(w.dtype == "float32" for w in trainer.model.weights)
     losses = [trainer.train(trainer.train_iterator(), 50)["loss"] for _ in range(2)]
     assert np.isfinite(losses).all() and losses[1] < losses[0], losses
 
