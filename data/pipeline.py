@@ -161,6 +161,11 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
         real = _encoded_split(spec, builder, split).map(decode, num_parallel_calls=tf.data.AUTOTUNE,
                                                         deterministic=True)
         features_spec, target_spec, _ = real.element_spec
+        if not (features_spec.shape.is_fully_defined() and target_spec.shape.is_fully_defined()):
+            raise ConfigError(f"The task of {spec.tfds_name!r} prepares examples of shape {features_spec.shape} "
+                              f"(target {target_spec.shape}); every example needs one static shape: pad or truncate "
+                              "sequences to a fixed length, give images a fixed size. TPUs compile one shape, and "
+                              "evaluation pads the last batch with examples of that shape.")
         padding = tf.data.Dataset.from_tensors((tf.zeros(features_spec.shape, features_spec.dtype),
                                                 tf.zeros(target_spec.shape, target_spec.dtype),
                                                 tf.constant(0.0))).repeat(padded_size // pipelines - part_size)

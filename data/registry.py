@@ -12,6 +12,7 @@ from data import imagenet
 from tasks.base import Task
 from tasks.image_classification import ImageClassification, flip_and_crop_32
 from tasks.tabular import TabularClassification, TabularRegression
+from tasks.text_classification import TextClassification
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,11 @@ DATASETS: dict[str, DatasetSpec] = {
     "synthetic_housing": DatasetSpec(tfds_name="synthetic_housing", train_split="train", eval_split="test",
                                      module="data.tabular.sklearn_tabular_builders",
                                      task=TabularRegression(num_features=8, label_key="target")),
+    # Bundled, offline: generated product reviews (data/text), a string and negative/positive; 4,000 / 1,000.
+    # Tokenised in the graph to 32 ids with a vocabulary counted on the train split (tasks/text_classification.py).
+    "synthetic_reviews": DatasetSpec(tfds_name="synthetic_reviews", train_split="train", eval_split="test",
+                                     module="data.text.synthetic_reviews_builder",
+                                     task=TextClassification(num_classes=2, sequence_length=32, max_tokens=1000)),
 }
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import keras
 
 from common.errors import ConfigError
-from models import cnn, mlp, resnet
+from models import cnn, mlp, resnet, transformer
 
 ModelBuilder = Callable[..., keras.Model]
 
@@ -22,6 +22,7 @@ MODELS: dict[str, ModelBuilder] = {
     "mlp": mlp.mlp,
     "cnn": cnn.cnn,
     "resnet": resnet.resnet,
+    "transformer": transformer.transformer,  # Token ids -> class (the text example).
 }
 
 

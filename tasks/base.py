@@ -42,6 +42,10 @@ class Task:
     def output_size(self) -> int:
         raise NotImplementedError
 
+    def model_options(self) -> dict:
+        """Keyword arguments the task adds to the model builder's call (e.g. a text task's vocabulary size)."""
+        return {}
+
     def decoders(self, features: tfds.features.FeaturesDict) -> dict:
         """TFDS decoders for reading the split into memory: by default every feature decoded."""
         del features

@@ -46,7 +46,8 @@ class Trainer:
         keras.utils.set_random_seed(config.seed)  # Same SEED -> same initial weights and data order.
         with strategy.scope():
             try:
-                self.model = model_builder(self.task.input_shape, self.task.output_size, **(model_options or {}))
+                options = {**self.task.model_options(), **(model_options or {})}  # e.g. a vocabulary size.
+                self.model = model_builder(self.task.input_shape, self.task.output_size, **options)
             except (ValueError, TypeError) as error:  # e.g. cnn.filters=(0,): Keras rejects the layer.
                 raise ConfigError(f"MODEL={config.model!r} cannot be built with its settings: "
                                   f"{' '.join(str(error).split())[:300]} Fix its gin bindings "
