@@ -60,6 +60,20 @@ class Task:
         """One example (a dict of the `keys`, as read) -> (model input, target) with static shapes."""
         raise NotImplementedError
 
+    def prepare_batch(self, examples: dict, features: tfds.features.FeaturesDict, *, seeds: tf.Tensor):
+        """A batch of training examples (a dict of the `keys`, each [B, ...]) -> (model inputs [B, ...], targets
+        [B, ...]), with `seeds` [B, 2] the examples' stateless seeds. Must equal `prepare` applied per example.
+
+        The default runs `prepare` per example (tf.map_fn); a task whose work is vectorisable overrides it (the
+        input pipeline calls it once per batch, so a vectorised version is what keeps the accelerator fed).
+        """
+        element = {key: tf.TensorSpec(value.shape[1:], value.dtype) for key, value in examples.items()}
+        outputs = tf.function(lambda example, seed: self.prepare(example, features, seed=seed)).get_concrete_function(
+            element, tf.TensorSpec([2], seeds.dtype)).structured_outputs
+        signature = tf.nest.map_structure(lambda tensor: tf.TensorSpec(tensor.shape, tensor.dtype), outputs)
+        return tf.map_fn(lambda args: self.prepare(args[0], features, seed=args[1]), (examples, seeds),
+                         fn_output_signature=signature)
+
     def serving_signature(self) -> dict[str, tf.TensorSpec]:
         """The exported signature's inputs: raw features, batched."""
         raise NotImplementedError

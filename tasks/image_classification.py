@@ -43,7 +43,11 @@ class ImageClassification(Task):
         return self.num_classes
 
     def decoders(self, features):
-        return {self.image_key: tfds.decode.SkipDecoding()}  # Compressed in memory; decoded per drawn example.
+        # Images of a fixed size are decoded once, when the split is read; variable-size ones (own decoders: ImageNet's
+        # JPEGs) stay compressed and are decoded per drawn example, straight to the crop.
+        if self.train_decoder is not None or self.eval_decoder is not None:
+            return {self.image_key: tfds.decode.SkipDecoding()}
+        return {}
 
     def bind(self, builder):
         return dataclasses.replace(self, class_names=label_names(builder, self.label_key))
@@ -54,17 +58,27 @@ class ImageClassification(Task):
         return (images - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
 
     def prepare(self, example, features, *, seed=None):
-        encoded = example[self.image_key]
+        image = example[self.image_key]
         if seed is not None and self.train_decoder is not None:
-            image = self.train_decoder(encoded, seed)
+            image = self.train_decoder(image, seed)
         elif self.eval_decoder is not None:
-            image = self.eval_decoder(encoded)
-        else:
-            image = features[self.image_key].decode_example(encoded)
+            image = self.eval_decoder(image)
+        elif image.dtype == tf.string:  # Still encoded (read with SkipDecoding).
+            image = features[self.image_key].decode_example(image)
         image = self.preprocess(image)
         if seed is not None and self.augment is not None:
             image = self.augment(image, seed)
         return tf.ensure_shape(image, self.image_shape), example[self.label_key]
+
+    def prepare_batch(self, examples, features, *, seeds):
+        images = examples[self.image_key]
+        if self.train_decoder is not None or images.dtype == tf.string:
+            return super().prepare_batch(examples, features, seeds=seeds)
+        images = self.preprocess(images)  # Decoded already: one vectorised op for the batch.
+        if self.augment is not None:  # Stateless per example (keyed by its position), so per example.
+            images = tf.map_fn(lambda args: self.augment(*args), (images, seeds),
+                               fn_output_signature=tf.TensorSpec(self.image_shape, tf.float32))
+        return tf.ensure_shape(images, [None, *self.image_shape]), examples[self.label_key]
 
     def serving_signature(self):
         return {"images": tf.TensorSpec([None, *self.image_shape], tf.uint8, name="images")}

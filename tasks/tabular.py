@@ -66,6 +66,10 @@ class TabularClassification(_Tabular):
         vector = tf.ensure_shape(self.preprocess(example[self.features_key]), (self.num_features,))
         return vector, example[self.label_key]
 
+    def prepare_batch(self, examples, features, *, seeds):
+        vectors = tf.ensure_shape(self.preprocess(examples[self.features_key]), (None, self.num_features))
+        return vectors, examples[self.label_key]
+
     def serve(self, model, inputs):
         return classification_outputs(model(self.preprocess(inputs["features"]), training=False), self.class_names)
 
@@ -85,6 +89,10 @@ class TabularRegression(_Tabular):
     def prepare(self, example, features, *, seed=None):
         vector = tf.ensure_shape(self.preprocess(example[self.features_key]), (self.num_features,))
         return vector, tf.cast(example[self.label_key], tf.float32)
+
+    def prepare_batch(self, examples, features, *, seeds):
+        vectors = tf.ensure_shape(self.preprocess(examples[self.features_key]), (None, self.num_features))
+        return vectors, tf.cast(examples[self.label_key], tf.float32)
 
     def serve(self, model, inputs):
         return {"predictions": tf.cast(model(self.preprocess(inputs["features"]), training=False)[:, 0], tf.float32)}

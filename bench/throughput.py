@@ -1,0 +1,252 @@
+"""Training throughput of the template against Keras `fit` and the TF guide loop, in one process, interleaved.
+
+    python bench/throughput.py                       # every model at batch 64 and 256, 1 replica: ~10 minutes
+    python bench/throughput.py --models=cnn,mlp --batches=64 --replicas=2 --repetitions=5 --output=/tmp/t.json
+
+For each model and global batch it measures examples/s of:
+  template SPL=N   the template's Trainer.train (input pipeline + on-device loop) at STEPS_PER_LOOP 1, 10, 100;
+  pipeline         the template's input pipeline alone (distributed iterator drained);
+  fixed batch      the template's on-device loop fed one batch over and over (the compute bound);
+  keras fit        Keras 3 `fit(steps_per_execution=100)` on the same model, optimizer and batch, from in-memory
+                   tensors, and from the template's own tf.data pipeline;
+  guide loop       the TF distributed-training guide's loop (one `strategy.run` per Python step).
+Repetitions are interleaved (every column once per round), so load changes hit all columns alike; the table gives
+the median and the JSON also min and max, with the load average before and after. Same digits data, same SGD,
+float32, no XLA on either side of a ratio. Also: time to first step of `python train.py` (a subprocess, by phase),
+and the RSS growth of a long run (--rss_steps).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODELS = {  # name -> (gin file, extra bindings)
+    "cnn": ("configs/default.gin", []),
+    "mlp": ("configs/experiments/digits_mlp.gin", []),
+    "cnn_wide": ("configs/default.gin", ["cnn.filters=(64, 128)", "cnn.dense_units=256"]),
+    "resnet20": ("configs/default.gin", ["MODEL='resnet'", "resnet.depth=20"]),
+}
+STEPS = 300  # per timed block (steps_per_loop divides it)
+
+
+def _config(model: str, batch: int, replicas: int):
+    from training import config_files, experiment
+
+    gin_file, bindings = MODELS[model]
+    params = [*bindings, f"GLOBAL_BATCH_SIZE={batch}", "experiment.lr_schedule='constant'", "TRAIN_STEPS=1000000",
+              "CHECKPOINT_EVERY=0", "EVAL_EVERY=0", "STEPS_PER_LOOP=100"]
+    if replicas > 1:
+        params += ["STRATEGY='mirrored'", f"VIRTUAL_DEVICES={replicas}"]
+    config_files.parse([gin_file], params, search_path=config_files.REPO_ROOT)
+    return experiment.experiment()
+
+
+class Case:
+    """Everything built once for one (model, batch, replicas); each column measures examples/s when called."""
+
+    def __init__(self, model: str, batch: int, replicas: int):
+        import keras
+        import tensorflow as tf
+
+        from tpu_utils.strategy import make_strategy
+        from training.trainer import Trainer
+
+        self.batch = batch
+        config = _config(model, batch, replicas)
+        strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices)
+        self.trainer = Trainer(config, strategy)
+        self.iterator = self.trainer.train_iterator()
+        first = next(iter(self.trainer.train_input_fn()(tf.distribute.InputContext())))
+        fixed = tf.data.Dataset.from_tensors(first).repeat()
+        self.fixed_iterator = iter(strategy.experimental_distribute_dataset(fixed.unbatch().batch(batch)))
+        self.pipeline_iterator = self.trainer.train_iterator()
+        # Keras fit: the same builder, optimizer and batch; in-memory preprocessed arrays of the same examples.
+        features, labels, _ = (tensor.numpy() for tensor in first)
+        count = 100 * batch  # One epoch = one execution of steps_per_execution=100 steps.
+        repeats = -(-count // len(features))
+        self.arrays = (features.repeat(repeats, axis=0)[:count], labels.repeat(repeats, axis=0)[:count])
+        with strategy.scope():
+            self.keras_model = keras.models.clone_model(self.trainer.model)
+            self.keras_model.compile(optimizer=keras.optimizers.SGD(config.learning_rate, momentum=0.9),
+                                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                     metrics=["accuracy"], steps_per_execution=100, jit_compile=False)
+        self.keras_dataset = (strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
+        self.strategy = strategy
+        self._guide_step = self._make_guide_step(tf)
+
+    def _make_guide_step(self, tf):
+        trainer = self.trainer
+
+        @tf.function
+        def guide_step(iterator):
+            trainer.strategy.run(trainer.train_step, args=(next(iterator),))
+
+        return guide_step
+
+    def template(self, steps_per_loop: int) -> float:
+        started = time.perf_counter()
+        for _ in range(STEPS // steps_per_loop):
+            self.trainer.train(self.iterator, steps_per_loop)
+        return STEPS * self.batch / (time.perf_counter() - started)
+
+    def pipeline(self) -> float:
+        started = time.perf_counter()
+        for _ in range(STEPS):
+            next(self.pipeline_iterator)
+        return STEPS * self.batch / (time.perf_counter() - started)
+
+    def fixed_batch(self) -> float:
+        import tensorflow as tf
+
+        started = time.perf_counter()
+        self.trainer._train_loop(self.fixed_iterator, tf.constant(STEPS, tf.int32))["loss"].numpy()
+        return STEPS * self.batch / (time.perf_counter() - started)
+
+    def keras_fit_in_memory(self) -> float:
+        features, labels = self.arrays
+        epochs = max(1, STEPS * self.batch // len(features))
+        started = time.perf_counter()
+        self.keras_model.fit(features, labels, batch_size=self.batch, epochs=epochs, verbose=0, shuffle=False)
+        return epochs * len(features) / (time.perf_counter() - started)
+
+    def keras_fit_pipeline(self) -> float:
+        dataset = self.trainer.train_input_fn()
+        import tensorflow as tf
+
+        def input_fn(context):
+            return dataset(context).map(lambda features, labels, positions: (features, labels))
+
+        data = self.strategy.distribute_datasets_from_function(input_fn) if self.strategy.num_replicas_in_sync > 1 \
+            else input_fn(tf.distribute.InputContext())
+        started = time.perf_counter()
+        self.keras_model.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0)
+        return STEPS * self.batch / (time.perf_counter() - started)
+
+    def guide_loop(self) -> float:
+        started = time.perf_counter()
+        for _ in range(STEPS):
+            self._guide_step(self.iterator)
+        return STEPS * self.batch / (time.perf_counter() - started)
+
+    def columns(self) -> dict:
+        return {"template SPL=1": lambda: self.template(1), "template SPL=10": lambda: self.template(10),
+                "template SPL=100": lambda: self.template(100), "pipeline": self.pipeline,
+                "fixed batch": self.fixed_batch, "keras fit (in memory)": self.keras_fit_in_memory,
+                "keras fit (pipeline)": self.keras_fit_pipeline, "guide loop": self.guide_loop}
+
+
+def measure(case: Case, repetitions: int) -> dict:
+    columns = case.columns()
+    for measure_once in columns.values():  # Trace and warm up every column first.
+        measure_once()
+    samples = {name: [] for name in columns}
+    for _ in range(repetitions):
+        for name, measure_once in columns.items():
+            samples[name].append(measure_once())
+    return {name: {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            for name, values in samples.items()}
+
+
+def time_to_first_step() -> dict:
+    """Seconds by phase of `python train.py`'s start, in a fresh process (TF import, dataset, model, first loop)."""
+    script = r"""
+import json, time, sys
+started = time.perf_counter()
+import tensorflow, keras, tensorflow_datasets
+imported = time.perf_counter()
+sys.path.insert(0, ".")
+from training import config_files, experiment
+from tpu_utils.strategy import make_strategy
+from training.trainer import Trainer
+config_files.parse(["configs/default.gin"], [], search_path=config_files.REPO_ROOT)
+config = experiment.experiment()
+strategy = make_strategy("default")
+trainer = Trainer(config, strategy)
+built = time.perf_counter()
+iterator = trainer.train_iterator()
+trainer.train(iterator, 1)
+first = time.perf_counter()
+print(json.dumps({"imports": imported - started, "data and model": built - imported,
+                  "first step (trace)": first - built, "total": first - started}))
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def rss_growth(steps: int) -> dict:
+    """Max RSS (MB) after 100 steps and after `steps` steps of the MLP at batch 64 (a flat line is the target)."""
+    import resource
+
+    case = Case("mlp", 64, 1)
+    case.trainer.train(case.iterator, 100)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for _ in range(steps // 100):
+        case.trainer.train(case.iterator, 100)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"steps": steps, "rss_mb_after_100": before, "rss_mb_after": after, "growth_mb": after - before}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="cnn,mlp,cnn_wide,resnet20")
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--rss_steps", type=int, default=10000, help="0 to skip")
+    parser.add_argument("--output", default="runs/bench/throughput.json")
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tpu_utils.strategy import configure_virtual_cpus
+
+    configure_virtual_cpus(max(args.replicas, 1))
+    results = {"load_before": os.getloadavg(), "replicas": args.replicas, "date": time.strftime("%Y-%m-%d"),
+               "cases": {}}
+    results["time_to_first_step"] = time_to_first_step()
+    for model in args.models.split(","):
+        for batch in (int(value) for value in args.batches.split(",")):
+            results["cases"][f"{model} B={batch}"] = measure(Case(model, batch, args.replicas), args.repetitions)
+            print(f"measured {model} B={batch}", file=sys.stderr, flush=True)
+    if args.rss_steps:
+        results["rss"] = rss_growth(args.rss_steps)
+    results["load_after"] = os.getloadavg()
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as handle:
+        json.dump(results, handle, indent=2)
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    cases = list(results["cases"])
+    columns = list(next(iter(results["cases"].values())))
+    lines = [f"examples/s (median of repetitions), {results['replicas']} replica(s), {results['date']}, load "
+             f"{results['load_before'][0]:.1f} -> {results['load_after'][0]:.1f}",
+             "| | " + " | ".join(cases) + " |", "|---" * (len(cases) + 1) + "|"]
+    for column in columns:
+        lines.append(f"| {column} | " + " | ".join(f"{results['cases'][case][column]['median'] / 1000:.1f}k"
+                                                   for case in cases) + " |")
+    for name, numerator, denominator in (("template / keras fit", "template SPL=100", "keras fit (in memory)"),
+                                         ("template / fixed batch", "template SPL=100", "fixed batch"),
+                                         ("pipeline / template", "pipeline", "template SPL=100"),
+                                         ("SPL=100 / SPL=1", "template SPL=100", "template SPL=1")):
+        lines.append(f"| {name} | " + " | ".join(
+            f"{results['cases'][case][numerator]['median'] / results['cases'][case][denominator]['median']:.2f}"
+            for case in cases) + " |")
+    first = results["time_to_first_step"]
+    lines.append("time to first step: " + ", ".join(f"{key} {value:.1f} s" for key, value in first.items()))
+    if "rss" in results:
+        rss = results["rss"]
+        lines.append(f"RSS over {rss['steps']:,} MLP steps: {rss['rss_mb_after_100']:.0f} -> {rss['rss_mb_after']:.0f}"
+                     f" MB ({rss['growth_mb']:+.0f} MB)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
