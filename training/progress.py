@@ -11,6 +11,7 @@ loop is one plain log line. Only the chief prints (`enabled=False` elsewhere).
 import collections
 import contextlib
 import logging
+import shutil
 import sys
 import time
 
@@ -73,8 +74,11 @@ class Progress:
             self.interactive = False
             yield self
             return
+        # A pseudo-terminal may report 0 columns: then 120. Longer lines are cut to the width (a wrapped line
+        # cannot be redrawn in place).
+        width = shutil.get_terminal_size((120, 24)).columns or 120
         with logging_redirect_tqdm(), tqdm(total=self.train_steps, initial=step, file=self.stream, unit="step",
-                                           dynamic_ncols=True, bar_format="{bar:12} {desc}", leave=True) as bar:
+                                           ncols=width, bar_format="{bar:12} {desc}", leave=True) as bar:
             self._bar = bar
             try:
                 yield self
@@ -115,12 +119,17 @@ class Progress:
 
     def line(self, step: int, metrics: dict, learning_rate: float, rates: dict, *, seconds: float,
              first: bool) -> str:
+        """The loop's line; on a terminal the timing comes first, so a line cut to the width keeps the ETA."""
         eta = self.eta_seconds(step)
         timing = f"first loop {seconds:.1f} s incl. compile" if first else \
             f"{rates['steps_per_second']:.1f} steps/s | {rates['examples_per_second']:,.0f} examples/s"
-        return (f"step {step:>{len(str(self.train_steps))}}/{self.train_steps} | {format_metrics(metrics)} | "
-                f"lr {learning_rate:.4g} | {timing} | elapsed {format_duration(self.elapsed())} | "
-                f"ETA {format_duration(eta) if eta is not None else 'after the next loop'}")
+        clock = (f"elapsed {format_duration(self.elapsed())} | "
+                 f"ETA {format_duration(eta) if eta is not None else 'after the next loop'}")
+        values = f"{format_metrics(metrics)} | lr {learning_rate:.4g}"
+        head = f"step {step:>{len(str(self.train_steps))}}/{self.train_steps}"
+        if self.interactive:
+            return f"{head} | {clock} | {timing} | {values}"
+        return f"{head} | {values} | {timing} | {clock}"
 
     def show_eval(self, step: int, metrics: dict, seconds: float) -> None:
         if self.enabled:
