@@ -116,21 +116,21 @@ def test_on_a_terminal_one_progress_line_updates_in_place(tmp_path, data_dir):
 
 @pytest.mark.slow
 def test_metrics_jsonl_survives_a_kill_and_resume_without_duplicates_or_gaps(tmp_path, data_dir):
-    args = [*MLP, "--gin_param=TRAIN_STEPS=80", "--gin_param=EVAL_EVERY=20", "--gin_param=CHECKPOINT_EVERY=20",
+    args = [*MLP, "--gin_param=TRAIN_STEPS=80", "--gin_param=EVAL_EVERY=20", "--gin_param=CHECKPOINT_EVERY=40",
             "--gin_param=experiment.lr_schedule='constant'"]
     killed, straight = str(tmp_path / "killed"), str(tmp_path / "straight")
     process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args, f"--model_dir={killed}"],
                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for line in process.stdout:
-            if re.search(r"step +50/80 \|", line):  # Checkpoint at 40; records up to 50 are written.
+            if re.search(r"step +70/80 \|", line):  # Checkpoint at 40; records up to 60 are written.
                 process.send_signal(signal.SIGKILL)
                 break
     finally:
         process.kill()
         process.wait(timeout=60)
     before = _records(killed)
-    assert max(record["step"] for record in before) >= 50  # Records past the checkpoint it resumes from.
+    assert max(record["step"] for record in before) >= 60  # Records past the checkpoint it resumes from.
     resumed = run_train_py(*args, f"--model_dir={killed}")
     assert resumed.returncode == 0 and "at step 40" in resumed.stdout, resumed.stderr[-2000:]
     assert run_train_py(*args, f"--model_dir={killed}").returncode == 0  # Nothing to train: no duplicate either.
@@ -214,11 +214,11 @@ def test_tensorboard_has_the_config_text_hparams_images_and_named_scalars(full_r
 
     root = _events(full_run)
     start = plugin_data_pb2.HParamsPluginData.FromString(
-        root.summary_metadata("_hparams_/session_start_info").plugin_data.content).session_start_info
+        root.SummaryMetadata("_hparams_/session_start_info").plugin_data.content).session_start_info
     assert start.hparams["LEARNING_RATE" if "LEARNING_RATE" in start.hparams else "learning_rate"].number_value == 0.5
     assert start.hparams["model"].string_value == "mlp"
     experiment = plugin_data_pb2.HParamsPluginData.FromString(
-        root.summary_metadata("_hparams_/experiment").plugin_data.content).experiment
+        root.SummaryMetadata("_hparams_/experiment").plugin_data.content).experiment
     assert {(info.name.group, info.name.tag) for info in experiment.metric_infos} == {("eval", "loss"),
                                                                                       ("eval", "accuracy")}
 
