@@ -263,3 +263,26 @@ def _remote_records(model_dir: str) -> list[dict]:
     from training.history import read_records
 
     return read_records(f"{model_dir}/metrics.jsonl")
+
+
+def test_profiler_port_serves_an_on_demand_capture(tmp_path, data_dir):
+    import socket
+
+    import tensorflow as tf
+
+    with socket.socket() as probe:  # A free loopback port.
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, os.path.join(REPO_ROOT, "train.py"), *MLP, "--gin_param=TRAIN_STEPS=100000",
+               "--gin_param=EVAL_EVERY=0", "--gin_param=CHECKPOINT_EVERY=0", f"--gin_param=PROFILER_PORT={port}",
+               f"--model_dir={tmp_path / 'run'}"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in process.stdout:
+            if re.search(r"step +\d+/100000 \|", line):  # Training runs, the server is up.
+                break
+        tf.profiler.experimental.client.trace(f"grpc://localhost:{port}", str(tmp_path / "capture"), 1000)
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    assert glob.glob(str(tmp_path / "capture" / "plugins" / "profile" / "*" / "*.xplane.pb"))

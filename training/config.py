@@ -45,6 +45,7 @@ class ExperimentConfig:
     best_metric: str | None = None  # e.g. 'eval/accuracy': keep and export the best checkpoint by it; None = off.
     best_mode: str = "auto"  # 'max', 'min', or 'auto' (min for losses and errors).
     profile_steps: tuple[int, int] | None = None  # (start, stop): a profiler trace of those steps; None = off.
+    profiler_port: int = 0  # A profiler server on this port for on-demand captures (chief only); 0 = off.
 
     def __post_init__(self):
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.

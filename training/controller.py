@@ -28,6 +28,7 @@ from training.export import export_saved_model
 from training.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.history import History
 from training.profiling import Profiler, check_profile_steps
+from training.profiling import start_server as start_profiler_server
 from training.progress import Progress
 from training.run_directory import RunDirectory
 from training.summaries import Summaries
@@ -67,6 +68,7 @@ class Controller:
         self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
         self.profiler = Profiler(check_profile_steps(config.profile_steps), run_dir.model_dir,
                                  enabled=run_dir.is_chief)
+        self._profiler_port = config.profiler_port if run_dir.is_chief else 0
 
     def _state_variables(self) -> list:
         return [*self.trainer.model.variables, *self.trainer.optimizer.variables]
@@ -117,6 +119,7 @@ class Controller:
         with self.progress.active(trainer.step):
             if trainer.step < config.train_steps:
                 self._describe_run()
+                start_profiler_server(self._profiler_port)
                 iterator = self._train_iterator()
                 with stop_signals.honoured():
                     try:

@@ -16,6 +16,15 @@ from common.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def start_server(port: int) -> None:
+    """PROFILER_PORT: serves on-demand captures for the whole run (TensorBoard's "Capture profile", or
+    `tf.profiler.experimental.client.trace('grpc://HOST:PORT', LOGDIR, duration_ms)`); 0 = off."""
+    if port:
+        tf.profiler.experimental.server.start(port)
+        log.info("Profiler server on port %d: capture with TensorBoard's Profile tab (\"Capture profile\", "
+                 "localhost:%d) or tf.profiler.experimental.client.trace.", port, port)
+
+
 def check_profile_steps(profile_steps) -> tuple[int, int] | None:
     """PROFILE_STEPS as (start, stop) with 0 <= start < stop, or None; a ConfigError otherwise."""
     if profile_steps is None:
