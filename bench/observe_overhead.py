@@ -1,13 +1,13 @@
 """What watching a run costs: the default run's steady-state throughput with the controller's per-loop work (progress
 line, metrics.jsonl record, TensorBoard scalars, finite check, learning-rate read) against the bare on-device loops.
 
-    .venv/bin/python bench/observe_overhead.py [--rounds=6] [--loops=10] [--gin_param=...]
+    .venv/bin/python bench/observe_overhead.py [--pairs=100] [--gin_param=...]
 
 Builds configs/default.gin (the small CNN on digits, 100 steps per loop) in this process, compiles, then alternates
-rounds of `--loops` bare loops (`Trainer.train` only) and `--loops` controller loops (`Controller._run_one_loop`:
-everything the host does after a loop except evaluating and checkpointing), so drift and neighbours' load hit both
-alike. Prints both throughputs, their ratio, and the host time spent in the observation calls themselves (progress,
-history, summaries) per loop as a fraction of a loop: the direct, low-noise measure. Also times the one-off
+one bare loop (`Trainer.train` only) and one controller loop (`Controller._run_one_loop`: everything the host does
+after a loop except evaluating and checkpointing), `--pairs` times, so drift and neighbours' load hit both alike,
+and compares the median loop times. Also prints the host time spent in the observation calls themselves (progress,
+history, summaries) per loop: the direct, low-noise measure. Also times the one-off
 TensorBoard set-up at the start of a run (config text, hparams, input images). Why a benchmark, not a test: timings
 on shared CPUs are noisy; a test asserting them would fail by chance.
 """
@@ -38,8 +38,7 @@ def _timed(totals: dict, name: str, function):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--loops", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=100)
     parser.add_argument("--gin_file", default="configs/default.gin")
     parser.add_argument("--gin_param", action="append", default=[])
     args = parser.parse_args()
@@ -81,34 +80,29 @@ def main() -> None:
     with controller.progress.active(trainer.step):
         controller._run_one_loop(iterator)  # Traces and compiles.
         trainer.train(iterator, steps)
-        bare, full, observed_fraction = [], [], []
-        for _ in range(args.rounds):
+        bare, full, observed = [], [], []
+        for pair in range(args.pairs):  # One bare loop, then one controller loop: drift and load hit both alike.
             started = time.perf_counter()
-            for _ in range(args.loops):
-                trainer.train(iterator, steps)
-            bare.append(args.loops * steps / (time.perf_counter() - started))
+            trainer.train(iterator, steps)
+            bare.append(time.perf_counter() - started)
             totals.clear()
             started = time.perf_counter()
-            for _ in range(args.loops):
-                controller._run_one_loop(iterator)
-            seconds = time.perf_counter() - started
-            full.append(args.loops * steps / seconds)
-            observed = sum(totals.values())
-            observed_fraction.append(observed / seconds)
-            print(f"round {len(bare):2d}: bare {bare[-1]:7.1f} steps/s | controller {full[-1]:7.1f} steps/s | "
-                  "observation calls "
-                  f"{1000 * observed / args.loops:.2f} ms/loop ({100 * observed / seconds:.2f}% of the time: "
-                  + ", ".join(f"{name} {1000 * value / args.loops:.2f} ms" for name, value in totals.items()) + ")",
-                  flush=True)
-    ratio = statistics.median(f / b for f, b in zip(full, bare, strict=True))
+            controller._run_one_loop(iterator)
+            full.append(time.perf_counter() - started)
+            observed.append(sum(totals.values()))
+            if (pair + 1) % 20 == 0:
+                print(f"{pair + 1} pairs: bare {1000 * statistics.median(bare):.1f} ms, controller "
+                      f"{1000 * statistics.median(full):.1f} ms, observation calls "
+                      f"{1000 * statistics.median(observed):.2f} ms per loop (median so far)", flush=True)
+    bare_loop, full_loop, calls = statistics.median(bare), statistics.median(full), statistics.median(observed)
     print(f"\n{args.gin_file} {' '.join(args.gin_param)}: {steps} steps per loop, global batch "
-          f"{config.global_batch_size}, {args.rounds} rounds of {args.loops} loops each")
-    print(f"bare loops       {statistics.median(bare):8.1f} steps/s (median)")
-    print(f"controller loops {statistics.median(full):8.1f} steps/s (median); median paired ratio {ratio:.4f} "
-          f"({100 * (1 - ratio):+.2f}% slower, noise included; the finite check, lr read and 4 of the 7 scalars "
-          "existed before)")
-    print(f"observation calls alone (progress, metrics.jsonl, TensorBoard scalars): median "
-          f"{100 * statistics.median(observed_fraction):.2f}% of the controller loops' time")
+          f"{config.global_batch_size}, {args.pairs} pairs of loops (medians)")
+    print(f"bare loop        {1000 * bare_loop:7.1f} ms = {steps / bare_loop:6.1f} steps/s")
+    print(f"controller loop  {1000 * full_loop:7.1f} ms = {steps / full_loop:6.1f} steps/s: "
+          f"{100 * (full_loop / bare_loop - 1):+.2f}% (all host work between loops; the finite check, lr read and 4 "
+          "of the 7 scalars existed before)")
+    print(f"observation calls (progress line, metrics.jsonl record, TensorBoard scalars): {1000 * calls:.2f} ms per "
+          f"loop = {100 * calls / full_loop:.2f}% of a controller loop")
     print(f"one-off at the start (config text, hparams, 8 input images): {1000 * set_up:.0f} ms")
 
 
