@@ -189,8 +189,10 @@ class Controller:
         if not record:
             return {"step": step, "train": self._train_metrics, "eval": evaluation}
         self.summaries.scalars("eval", step, evaluation)
-        if self.history.record_eval(step, evaluation, seconds) and self.best is not None:
-            self.best.keep(self.history.best)
+        new_best = self.history.record_eval(step, evaluation, seconds)
+        # The chief's history decides for every worker (they all save, or none does: saving is collective).
+        if self.best is not None and self._any_worker(new_best and self.run_dir.is_chief):
+            self.best.keep(self.history.best if self.run_dir.is_chief else {"step": step})
         if not self._train_metrics:  # --mode=eval, or nothing left to train: keep the recorded training figures.
             self._train_metrics = (self.run_dir.read_json("metrics.json") or {}).get("train", {})
         self.run_dir.write_metrics(step, self._train_metrics, evaluation, best=self.history.best)
