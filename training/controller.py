@@ -118,23 +118,7 @@ class Controller:
                      config.train_steps)
         with self.progress.active(trainer.step):
             if trainer.step < config.train_steps:
-                self._describe_run()
-                start_profiler_server(self._profiler_port)
-                iterator = self._train_iterator()
-                with stop_signals.honoured():
-                    try:
-                        while trainer.step < config.train_steps:
-                            self._run_one_loop(iterator)
-                            step = trainer.step
-                            if step == config.train_steps:
-                                break
-                            if config.eval_every and step % config.eval_every == 0:
-                                self.evaluate()
-                            self._stop_if_requested(f"at step {step}")
-                            if config.checkpoint_every and step % config.checkpoint_every == 0:
-                                self._save(step)
-                    finally:
-                        self.profiler.stop()
+                self._train_loops()
             with stop_signals.honoured():
                 final = self.evaluate()
                 self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
@@ -145,6 +129,27 @@ class Controller:
         self._check_replicas_agree()
         return final
 
+    def _train_loops(self) -> None:
+        """Loops to TRAIN_STEPS, evaluating and checkpointing between loops as configured."""
+        config, trainer = self.config, self.trainer
+        self._describe_run()
+        start_profiler_server(self._profiler_port)
+        iterator = self._train_iterator()
+        with stop_signals.honoured():
+            try:
+                while trainer.step < config.train_steps:
+                    self._run_one_loop(iterator)
+                    step = trainer.step
+                    if step == config.train_steps:
+                        break
+                    if config.eval_every and step % config.eval_every == 0:
+                        self.evaluate()
+                    self._stop_if_requested(f"at step {step}")
+                    if config.checkpoint_every and step % config.checkpoint_every == 0:
+                        self._save(step)
+            finally:
+                self.profiler.stop()  # Also when training stops inside PROFILE_STEPS: the trace is written.
+
     def _describe_run(self) -> None:
         """TensorBoard, once per training process: the operative config, the hparams, and (from step 0) inputs."""
         if not self.run_dir.is_chief:
@@ -154,8 +159,7 @@ class Controller:
         if tf.io.gfile.exists(path):
             with tf.io.gfile.GFile(path) as handle:
                 self.summaries.config_text(step, handle.read())
-        settings = {key: value for key, value in dataclasses.asdict(self.config).items()}
-        self.summaries.hparams(step, {**settings, **self._model_settings},
+        self.summaries.hparams(step, {**dataclasses.asdict(self.config), **self._model_settings},
                                ["loss", *(metric.name for metric in self.trainer.eval_metrics)])
         if step == 0:
             self.summaries.input_images(0, self.trainer.task, self.trainer.data, self.trainer.dataset_spec.eval_split)
