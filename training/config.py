@@ -42,6 +42,10 @@ class ExperimentConfig:
     tpu_zone: str | None = None  # e.g. 'us-central1-b': gs:// buckets must be in its region (checked at start).
     target_replicas: int = 0  # Replicas the config is written for (TPU configs: 8 on a v3-8); 0 = not declared.
     startup_timeout_seconds: int = 300  # Waiting for the other workers of TF_CONFIG (or a TPU) before giving up.
+    best_metric: str | None = None  # e.g. 'eval/accuracy': keep and export the best checkpoint by it; None = off.
+    best_mode: str = "auto"  # 'max', 'min', or 'auto' (min for losses and errors).
+    profile_steps: tuple[int, int] | None = None  # (start, stop): a profiler trace of those steps; None = off.
+    profiler_port: int = 0  # A profiler server on this port for on-demand captures (chief only); 0 = off.
 
     def __post_init__(self):
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.

@@ -2,12 +2,15 @@
 
 Between two on-device loops of STEPS_PER_LOOP steps it: checks the loss and every weight and optimizer variable
 are finite (else exit 4 naming the newest finite checkpoint; nothing non-finite is ever saved), warns when the loss
-diverges, logs step/loss/accuracy/examples per second, writes TensorBoard summaries, evaluates every EVAL_EVERY
-steps (rewriting metrics.json), checkpoints every CHECKPOINT_EVERY steps (training/checkpoints.py: read back before
-older ones are deleted), and honours SIGTERM/SIGINT (checkpoint, then exit 3). At the end it evaluates,
-checkpoints and exports; a stop requested during that still writes the final checkpoint first.
+diverges, shows progress with an ETA (training/progress.py), appends to metrics.jsonl (training/history.py), writes
+TensorBoard summaries (training/summaries.py), profiles PROFILE_STEPS (training/profiling.py), evaluates every
+EVAL_EVERY steps (rewriting metrics.json; keeping the best checkpoint by BEST_METRIC, training/best.py),
+checkpoints every CHECKPOINT_EVERY steps (training/checkpoints.py: read back before older ones are deleted), and
+honours SIGTERM/SIGINT (checkpoint, then exit 3). At the end it evaluates, checkpoints and exports; a stop
+requested during that still writes the final checkpoint first.
 """
 
+import dataclasses
 import logging
 import math
 import time
@@ -19,10 +22,16 @@ from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
 from training import run_identity, stop_signals
+from training.best import BestKeeper
 from training.checkpoints import CheckpointStore
 from training.export import export_saved_model
 from training.health import DivergenceMonitor, make_finite_check, non_finite_names
+from training.history import History
+from training.profiling import Profiler, check_profile_steps
+from training.profiling import start_server as start_profiler_server
+from training.progress import Progress
 from training.run_directory import RunDirectory
+from training.summaries import Summaries
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -49,26 +58,17 @@ class Controller:
         # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
         self._any_worker = make_any_worker(trainer.strategy) if is_multi_worker(trainer.strategy) else bool
         self._saved_step = None  # Step of the newest checkpoint this process wrote or restored.
-        self._writers = {}
         self._train_metrics = {}  # Of the last training loop; metrics.json's "train" part.
-
-    def _writer(self, name: str):
-        """TensorBoard writer for model_dir/<name>, made once (one events file per run); a no-op off the chief."""
-        if name not in self._writers:
-            self._writers[name] = tf.summary.create_file_writer(self.run_dir.path(name)) if self.run_dir.is_chief \
-                else tf.summary.create_noop_writer()
-        return self._writers[name]
-
-    def _write_summaries(self, name: str, step: int, values: dict) -> None:
-        """TensorBoard scalars under model_dir/<name>. Best effort: if the storage fails (e.g. GCS unreachable), warn
-        and go on; checkpoints and metrics.json are what a run cannot lose, and they raise StorageError."""
-        try:
-            with self._writer(name).as_default(step=step):
-                for tag, value in values.items():
-                    tf.summary.scalar(tag, value)
-        except tf.errors.OpError as error:
-            log.warning("TensorBoard events for %s/ at step %d not written (%s); training goes on.", name, step,
-                        " ".join(error.message.split())[:200])
+        self._model_settings = model_settings or {}
+        config = self.config
+        self.summaries = Summaries(run_dir)
+        self.progress = Progress(config.train_steps, config.global_batch_size, enabled=run_dir.is_chief)
+        self.history = History(run_dir, metric=config.best_metric or "eval/loss",
+                               mode=config.best_mode if config.best_metric else "auto")
+        self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
+        self.profiler = Profiler(check_profile_steps(config.profile_steps), run_dir.model_dir,
+                                 enabled=run_dir.is_chief)
+        self._profiler_port = config.profiler_port if run_dir.is_chief else 0
 
     def _state_variables(self) -> list:
         return [*self.trainer.model.variables, *self.trainer.optimizer.variables]
@@ -95,6 +95,7 @@ class Controller:
                                                           model_dir=self.run_dir.model_dir) from error
             self._saved_step = self.trainer.step
             log.info("Resumed from %s at step %d.", latest, self.trainer.step)
+        self.history.resume(self.trainer.step, rewrite=writable)
         return self.trainer.step
 
     def record_identity(self) -> None:
@@ -115,9 +116,27 @@ class Controller:
         if trainer.step >= config.train_steps:
             log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
                      config.train_steps)
-        else:
-            iterator = self._train_iterator()
+        with self.progress.active(trainer.step):
+            if trainer.step < config.train_steps:
+                self._train_loops()
             with stop_signals.honoured():
+                final = self.evaluate()
+                self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
+                self._save(trainer.step)
+                self.export()
+                self._stop_if_requested(f"after the export of step {trainer.step}")
+        self.summaries.flush()
+        self._check_replicas_agree()
+        return final
+
+    def _train_loops(self) -> None:
+        """Loops to TRAIN_STEPS, evaluating and checkpointing between loops as configured."""
+        config, trainer = self.config, self.trainer
+        self._describe_run()
+        start_profiler_server(self._profiler_port)
+        iterator = self._train_iterator()
+        with stop_signals.honoured():
+            try:
                 while trainer.step < config.train_steps:
                     self._run_one_loop(iterator)
                     step = trainer.step
@@ -128,14 +147,22 @@ class Controller:
                     self._stop_if_requested(f"at step {step}")
                     if config.checkpoint_every and step % config.checkpoint_every == 0:
                         self._save(step)
-        with stop_signals.honoured():
-            final = self.evaluate()
-            self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
-            self._save(trainer.step)
-            self.export()
-            self._stop_if_requested(f"after the export of step {trainer.step}")
-        self._check_replicas_agree()
-        return final
+            finally:
+                self.profiler.stop()  # Also when training stops inside PROFILE_STEPS: the trace is written.
+
+    def _describe_run(self) -> None:
+        """TensorBoard, once per training process: the operative config, the hparams, and (from step 0) inputs."""
+        if not self.run_dir.is_chief:
+            return
+        step = self.trainer.step
+        path = self.run_dir.path("operative_config.gin")
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as handle:
+                self.summaries.config_text(step, handle.read())
+        self.summaries.hparams(step, {**dataclasses.asdict(self.config), **self._model_settings},
+                               ["loss", *(metric.name for metric in self.trainer.eval_metrics)])
+        if step == 0:
+            self.summaries.input_images(0, self.trainer.task, self.trainer.data, self.trainer.dataset_spec.eval_split)
 
     def _train_iterator(self):
         """The training iterator; a ConfigError (before any step) when the train split's files cannot be read."""
@@ -161,14 +188,18 @@ class Controller:
         """Exact evaluation now; logs it and, when `record`, writes eval summaries and metrics.json."""
         started = time.perf_counter()
         evaluation = self.trainer.evaluate()
-        step = self.trainer.step
-        log.info("eval step %d | %s | %.1f s", step, _format(evaluation), time.perf_counter() - started)
+        step, seconds = self.trainer.step, time.perf_counter() - started
+        self.progress.show_eval(step, evaluation, seconds)
         if not record:
             return {"step": step, "train": self._train_metrics, "eval": evaluation}
-        self._write_summaries("eval", step, evaluation)
+        self.summaries.scalars("eval", step, evaluation)
+        new_best = self.history.record_eval(step, evaluation, seconds)
+        # The chief's history decides for every worker (they all save, or none does: saving is collective).
+        if self.best is not None and self._any_worker(new_best and self.run_dir.is_chief):
+            self.best.keep(self.history.best if self.run_dir.is_chief else {"step": step})
         if not self._train_metrics:  # --mode=eval, or nothing left to train: keep the recorded training figures.
             self._train_metrics = (self.run_dir.read_json("metrics.json") or {}).get("train", {})
-        self.run_dir.write_metrics(step, self._train_metrics, evaluation)
+        self.run_dir.write_metrics(step, self._train_metrics, evaluation, best=self.history.best)
         return {"step": step, "train": self._train_metrics, "eval": evaluation}
 
     def export(self) -> str:
@@ -197,10 +228,13 @@ class Controller:
     def _run_one_loop(self, iterator) -> None:
         config, trainer = self.config, self.trainer
         num_steps = min(config.steps_per_loop, config.train_steps - trainer.step)
+        self.progress.loop_starting(trainer.step, num_steps)
+        self.profiler.before_loop(trainer.step, num_steps)
         started = time.perf_counter()
         metrics = trainer.train(iterator, num_steps)
         seconds = time.perf_counter() - started
         step = trainer.step
+        self.profiler.after_loop(step)
         if not math.isfinite(metrics["loss"]) or not self._all_finite():
             what = f"Loss became {metrics['loss']}" if not math.isfinite(metrics["loss"]) else \
                 f"Weights or optimizer state became non-finite ({', '.join(non_finite_names(self._state_variables()))})"
@@ -209,14 +243,9 @@ class Controller:
                                      f"The newest finite checkpoint is {newest or 'none (no checkpoint yet)'}. Lower "
                                      "LEARNING_RATE or set experiment.clip_global_norm, then rerun to resume from it.")
         self._divergence.observe(step, metrics["loss"])
-        metrics["examples_per_second"] = num_steps * config.global_batch_size / seconds
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
-        log.info("step %*d/%d | %s | lr %.4g", len(str(config.train_steps)), step, config.train_steps,
-                 _format(metrics), learning_rate)
-        self._write_summaries("train", step, {**metrics, "learning_rate": learning_rate})
-        self._train_metrics = {key: value for key, value in metrics.items() if key != "examples_per_second"}
-
-
-def _format(metrics: dict) -> str:
-    return " | ".join(f"{name.replace('_', ' ')} {value:,.0f}" if name == "examples_per_second" else
-                      f"{name} {value:.4f}" for name, value in metrics.items())
+        rates = self.progress.loop_done(step, num_steps, seconds, metrics, learning_rate)
+        self.summaries.scalars("train", step, {**metrics, "learning_rate": learning_rate, **rates})
+        self.history.record("train", step, {**metrics, "learning_rate": learning_rate, **rates},
+                            seconds=round(seconds, 4))
+        self._train_metrics = metrics

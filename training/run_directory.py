@@ -6,9 +6,12 @@
     run_identity.json       settings a resumed run must share (training/run_identity.py)
     operative_config.gin    the gin configuration actually used
     command.txt             the exact argv
-    metrics.json            {"step": N, "train": {...}, "eval": {...}}, rewritten after each eval
-    train/, eval/           TensorBoard event files
-    export/<step>/          SavedModel with a serving_default signature
+    metrics.json            {"step": N, "train": {...}, "eval": {...}, "best": {...}}, rewritten after each eval
+    metrics.jsonl           one record per loop and per evaluation (training/history.py)
+    train/, eval/           TensorBoard event files (training/summaries.py); hparams events in model_dir itself
+    plugins/profile/        the PROFILE_STEPS trace (training/profiling.py)
+    best/                   the best checkpoint by BEST_METRIC, and best.json (training/best.py)
+    export/<step>/          SavedModel with a serving_default signature (export/best/: the best one)
 """
 
 import json
@@ -50,7 +53,12 @@ class RunDirectory:
         """Where this process's checkpoints go: `checkpoint_dir` on the chief, a temporary folder elsewhere."""
         return self.checkpoint_dir if self.is_chief else self._scratch("checkpoints")
 
-    def export_dir(self, step: int) -> str:
+    @property
+    def best_dir(self) -> str:
+        """Where the best checkpoint goes (BEST_METRIC; training/best.py): model_dir/best on the chief."""
+        return self.path("best") if self.is_chief else self._scratch("best")
+
+    def export_dir(self, step: int | str) -> str:
         return self.path("export", str(step)) if self.is_chief else self._scratch("export", str(step))
 
     def _scratch(self, *parts: str) -> str:
@@ -100,8 +108,11 @@ class RunDirectory:
     def write_json(self, name: str, value: dict) -> None:
         self.write_text(name, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
-    def write_metrics(self, step: int, train: dict, evaluation: dict) -> None:
-        self.write_json("metrics.json", {"step": step, "train": _floats(train), "eval": _floats(evaluation)})
+    def write_metrics(self, step: int, train: dict, evaluation: dict, best: dict | None = None) -> None:
+        summary = {"step": step, "train": _floats(train), "eval": _floats(evaluation)}
+        if best is not None:  # The best evaluation so far (training/history.py).
+            summary["best"] = best
+        self.write_json("metrics.json", summary)
 
 
 def _floats(values: dict) -> dict:

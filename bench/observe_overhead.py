@@ -1,0 +1,110 @@
+"""What watching a run costs: the default run's steady-state throughput with the controller's per-loop work (progress
+line, metrics.jsonl record, TensorBoard scalars, finite check, learning-rate read) against the bare on-device loops.
+
+    .venv/bin/python bench/observe_overhead.py [--pairs=100] [--gin_param=...]
+
+Builds configs/default.gin (the small CNN on digits, 100 steps per loop) in this process, compiles, then alternates
+one bare loop (`Trainer.train` only) and one controller loop (`Controller._run_one_loop`: everything the host does
+after a loop except evaluating and checkpointing), `--pairs` times, so drift and neighbours' load hit both alike,
+and compares the median loop times. Also prints the host time spent in the observation calls themselves (progress,
+history, summaries) per loop: the direct, low-noise measure. Also times the one-off
+TensorBoard set-up at the start of a run (config text, hparams, input images). Why a benchmark, not a test: timings
+on shared CPUs are noisy; a test asserting them would fail by chance.
+"""
+
+import argparse
+import functools
+import io
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _timed(totals: dict, name: str, function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            totals[name] = totals.get(name, 0.0) + time.perf_counter() - started
+    return wrapper
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--gin_file", default="configs/default.gin")
+    parser.add_argument("--gin_param", action="append", default=[])
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from training import config_files
+
+    config_files.parse([args.gin_file], ["TRAIN_STEPS=1000000", *args.gin_param], search_path=config_files.REPO_ROOT)
+    from tpu_utils.strategy import make_strategy
+    from training import experiment
+    from training.controller import Controller
+    from training.run_directory import RunDirectory
+    from training.trainer import Trainer
+
+    # As train.py logs: INFO lines of training.* formatted and written (to memory here, not the terminal).
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    logging.getLogger("training").addHandler(handler)
+    logging.getLogger("training").setLevel(logging.INFO)
+    logging.getLogger("training").propagate = False
+
+    config = experiment.experiment()
+    trainer = Trainer(config, make_strategy(config.strategy))
+    model_dir = tempfile.mkdtemp(prefix="observe-bench-")
+    controller = Controller(trainer, RunDirectory(model_dir), model_settings=experiment.model_settings(config.model))
+    with open(os.path.join(model_dir, "operative_config.gin"), "w") as handle:
+        import gin
+
+        handle.write(gin.operative_config_str())
+    started = time.perf_counter()
+    controller._describe_run()
+    set_up = time.perf_counter() - started
+
+    totals = {}
+    controller.progress.loop_done = _timed(totals, "progress", controller.progress.loop_done)
+    controller.history.record = _timed(totals, "history", controller.history.record)
+    controller.summaries.scalars = _timed(totals, "summaries", controller.summaries.scalars)
+    iterator = trainer.train_iterator()
+    steps = config.steps_per_loop
+    with controller.progress.active(trainer.step):
+        controller._run_one_loop(iterator)  # Traces and compiles.
+        trainer.train(iterator, steps)
+        bare, full, observed = [], [], []
+        for pair in range(args.pairs):  # One bare loop, then one controller loop: drift and load hit both alike.
+            started = time.perf_counter()
+            trainer.train(iterator, steps)
+            bare.append(time.perf_counter() - started)
+            totals.clear()
+            started = time.perf_counter()
+            controller._run_one_loop(iterator)
+            full.append(time.perf_counter() - started)
+            observed.append(sum(totals.values()))
+            if (pair + 1) % 20 == 0:
+                print(f"{pair + 1} pairs: bare {1000 * statistics.median(bare):.1f} ms, controller "
+                      f"{1000 * statistics.median(full):.1f} ms, observation calls "
+                      f"{1000 * statistics.median(observed):.2f} ms per loop (median so far)", flush=True)
+    bare_loop, full_loop, calls = statistics.median(bare), statistics.median(full), statistics.median(observed)
+    print(f"\n{args.gin_file} {' '.join(args.gin_param)}: {steps} steps per loop, global batch "
+          f"{config.global_batch_size}, {args.pairs} pairs of loops (medians)")
+    print(f"bare loop        {1000 * bare_loop:7.1f} ms = {steps / bare_loop:6.1f} steps/s")
+    print(f"controller loop  {1000 * full_loop:7.1f} ms = {steps / full_loop:6.1f} steps/s: "
+          f"{100 * (full_loop / bare_loop - 1):+.2f}% (all host work between loops; the finite check, lr read and 4 "
+          "of the 7 scalars existed before)")
+    print(f"observation calls (progress line, metrics.jsonl record, TensorBoard scalars): {1000 * calls:.2f} ms per "
+          f"loop = {100 * calls / full_loop:.2f}% of a controller loop")
+    print(f"one-off at the start (config text, hparams, 8 input images): {1000 * set_up:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The run's history: model_dir/metrics.jsonl, one JSON record per training loop and per evaluation, and the best
+evaluation so far.
+
+    {"kind": "train", "step": 200, "time": 1764553200.1, "metrics": {"loss": ..., "accuracy": ..., "lr": ...}}
+    {"kind": "eval", "step": 500, "time": 1764553210.4, "seconds": 1.2, "metrics": {"loss": ..., "accuracy": ...}}
+
+Why a separate file: metrics.json is the latest summary only; curves, comparisons (training/compare.py) and the best
+checkpoint need every point. It survives a kill and resume: on resume, records past the restored step (written
+after the checkpoint that is resumed from, so they will be recomputed) and any half-written last line are dropped,
+and a record whose (kind, step) is already present is not written again, so the file has no duplicates and no gaps.
+Records are appended (on gs:// TensorFlow's GCS client rewrites the object per append: fine for the few hundred
+loops of a run); an append that fails is warned about and retried with the next record (the checkpoints, not the
+history, are what stops a run when the storage fails). Only the chief writes.
+"""
+
+import json
+import logging
+import math
+import time
+
+import tensorflow as tf
+
+from common.errors import ConfigError
+from common.storage_errors import describe
+
+log = logging.getLogger(__name__)
+
+FILE = "metrics.jsonl"
+
+
+def best_mode(metric: str, mode: str) -> str:
+    """'max' or 'min'; 'auto' is 'min' for losses and errors, else 'max'."""
+    if mode in ("max", "min"):
+        return mode
+    if mode != "auto":
+        raise ConfigError(f"BEST_MODE={mode!r} must be 'max', 'min' or 'auto'.")
+    return "min" if any(word in metric for word in ("loss", "error")) else "max"
+
+
+def read_records(path: str) -> list[dict]:
+    """The records of a metrics.jsonl (local or gs://); unparsable lines (a half-written last one) are skipped."""
+    if not tf.io.gfile.exists(path):
+        return []
+    records = []
+    with tf.io.gfile.GFile(path) as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "step" in record and "kind" in record:
+                records.append(record)
+    return records
+
+
+class History:
+    """Appends records to model_dir/metrics.jsonl and keeps the best evaluation by `metric` ('eval/accuracy')."""
+
+    def __init__(self, run_dir, *, metric: str = "eval/loss", mode: str = "auto", clock=time.time):
+        self.run_dir = run_dir
+        self.path = run_dir.path(FILE)
+        kind, _, name = metric.partition("/")
+        if kind != "eval" or not name:
+            raise ConfigError(f"BEST_METRIC={metric!r} must name an evaluation metric, e.g. 'eval/accuracy' or "
+                              "'eval/loss'.")
+        self.metric, self.metric_name, self.mode = metric, name, best_mode(metric, mode)
+        self.clock = clock
+        self._keys: set = set()
+        self._pending: list[str] = []  # Lines not yet appended (the storage failed); written with the next record.
+        self.best: dict | None = None  # {"step", "metric", "mode", "value"}
+
+    def resume(self, step: int, *, rewrite: bool = True) -> None:
+        """Drops records past `step` (and damaged lines; in the file only when `rewrite`), then reloads the best
+        evaluation from what is left."""
+        records = read_records(self.path)
+        kept = [record for record in records if record["step"] <= step]
+        if rewrite and self.run_dir.is_chief and tf.io.gfile.exists(self.path) and \
+                len(kept) != _line_count(self.path):
+            self.run_dir.write_text(FILE, "".join(json.dumps(record, sort_keys=True) + "\n" for record in kept))
+            log.info("%s: kept the %d records up to step %d (dropped %d written after that checkpoint).", FILE,
+                     len(kept), step, len(records) - len(kept))
+        self._keys = {(record["kind"], record["step"]) for record in kept}
+        self.best = None
+        for record in kept:
+            if record["kind"] == "eval":
+                self._consider(record["step"], record["metrics"])
+
+    def record(self, kind: str, step: int, metrics: dict, **extra) -> bool:
+        """Appends a record unless one of this (kind, step) exists; returns whether it was new."""
+        if (kind, step) in self._keys:
+            return False
+        self._keys.add((kind, step))
+        record = {"kind": kind, "step": step, "time": round(self.clock(), 3), **extra,
+                  "metrics": {key: float(value) for key, value in metrics.items()}}
+        if self.run_dir.is_chief:
+            self._pending.append(json.dumps(record, sort_keys=True) + "\n")
+            try:
+                tf.io.gfile.makedirs(self.run_dir.model_dir)
+                with tf.io.gfile.GFile(self.path, "a") as handle:
+                    handle.write("".join(self._pending))
+                self._pending = []
+            except tf.errors.OpError as error:  # Kept and retried with the next record: no gap once it recovers.
+                log.warning("%s not appended to at step %d (%s); retried with the next record.", self.path, step,
+                            describe(error, 200))
+        return True
+
+    def record_eval(self, step: int, metrics: dict, seconds: float) -> bool:
+        """Records an evaluation; returns whether it is a new best by the chosen metric."""
+        if not self.record("eval", step, metrics, seconds=round(seconds, 3)):
+            return False
+        return self._consider(step, metrics)
+
+    def _consider(self, step: int, metrics: dict) -> bool:
+        value = metrics.get(self.metric_name)
+        if value is None:
+            raise ConfigError(f"BEST_METRIC={self.metric!r}: the evaluation has no {self.metric_name!r} (it has "
+                              f"{', '.join(metrics)}). Use one of those, e.g. 'eval/{next(iter(metrics))}'.")
+        value = float(value)
+        if not math.isfinite(value):
+            return False
+        if self.best is not None and not (value > self.best["value"] if self.mode == "max"
+                                          else value < self.best["value"]):
+            return False
+        self.best = {"step": step, "metric": self.metric, "mode": self.mode, "value": value}
+        return True
+
+
+def _line_count(path: str) -> int:
+    with tf.io.gfile.GFile(path) as handle:
+        return sum(1 for _ in handle)

@@ -1,0 +1,77 @@
+"""PROFILE_STEPS=(start, stop): a TensorFlow profiler trace of that step range, written to model_dir (chief only).
+
+The host acts between on-device loops only, so the trace covers whole loops: it starts before the first loop that
+runs a step in [start, stop) and stops after the loop that reaches `stop`. The trace lands in
+model_dir/plugins/profile/<timestamp>/<host>.xplane.pb, where TensorBoard's profile plugin
+(`tensorboard-plugin-profile`) finds it: `tensorboard --logdir runs`, then the Profile tab. On TPUs, the chief can
+also serve on-demand captures (`tf.profiler.experimental.server.start(port)`; README.md, "Watch a run").
+"""
+
+import logging
+
+import tensorflow as tf
+
+from common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def start_server(port: int) -> None:
+    """PROFILER_PORT: serves on-demand captures for the whole run (TensorBoard's "Capture profile", or
+    `tf.profiler.experimental.client.trace('grpc://HOST:PORT', LOGDIR, duration_ms)`); 0 = off."""
+    if port:
+        tf.profiler.experimental.server.start(port)
+        log.info("Profiler server on port %d: capture with TensorBoard's Profile tab (\"Capture profile\", "
+                 "localhost:%d) or tf.profiler.experimental.client.trace.", port, port)
+
+
+def check_profile_steps(profile_steps) -> tuple[int, int] | None:
+    """PROFILE_STEPS as (start, stop) with 0 <= start < stop, or None; a ConfigError otherwise."""
+    if profile_steps is None:
+        return None
+    if not isinstance(profile_steps, (tuple, list)) or len(profile_steps) != 2 or \
+            not all(isinstance(value, int) and not isinstance(value, bool) for value in profile_steps) or \
+            not 0 <= profile_steps[0] < profile_steps[1]:
+        raise ConfigError(f"PROFILE_STEPS={profile_steps!r} must be (start, stop) with 0 <= start < stop, e.g. "
+                          "PROFILE_STEPS=(200, 300), or None.")
+    return tuple(profile_steps)
+
+
+class Profiler:
+    """Starts and stops the trace around the loops of PROFILE_STEPS."""
+
+    def __init__(self, steps: tuple[int, int] | None, logdir: str, *, enabled: bool = True):
+        self.steps = steps if enabled else None
+        self.logdir = logdir
+        self.active = False
+        self.done = False
+
+    def before_loop(self, step: int, num_steps: int) -> None:
+        if self.steps is None or self.active or self.done:
+            return
+        start, stop = self.steps
+        if step < stop and step + num_steps > start:
+            try:
+                tf.profiler.experimental.start(self.logdir)
+            except (tf.errors.OpError, RuntimeError) as error:
+                log.warning("Profiler not started (%s); training goes on without a trace.", error)
+                self.done = True
+                return
+            self.active = True
+            log.info("Profiling steps %d-%d (whole loops from step %d) into %s/plugins/profile.", start, stop, step,
+                     self.logdir)
+
+    def after_loop(self, step: int) -> None:
+        if self.active and step >= self.steps[1]:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stops and writes the trace (also when training ends inside the range)."""
+        if not self.active:
+            return
+        self.active, self.done = False, True
+        try:
+            tf.profiler.experimental.stop()
+            log.info("Profiler trace written to %s/plugins/profile (TensorBoard: Profile tab).", self.logdir)
+        except (tf.errors.OpError, RuntimeError) as error:
+            log.warning("Profiler trace not written (%s).", error)
