@@ -9,6 +9,7 @@ matters); one data_dir per module holds every staged dataset.
 
 import json
 import os
+import shlex
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from data import stage
-from helpers import run_module, run_train_py
+from helpers import REPO_ROOT, run_module, run_train_py
 
 TINY = ["--gin_param=TRAIN_STEPS=60", "--gin_param=STEPS_PER_LOOP=20", "--gin_param=EVAL_EVERY=0",
         "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=cosine.warmup_steps=5", "--gin_param=GLOBAL_BATCH_SIZE=32"]
@@ -187,3 +188,15 @@ def test_bad_inputs_exit_2_with_one_line_naming_the_value_and_the_fix(tmp_path, 
         for word in words:
             assert word in error, (case, word, error)
     assert not os.path.exists(f"{tmp_path}/tfds/bad_data"), "nothing is written for bad inputs"
+
+
+def test_the_readme_commands_parse_and_name_each_source():
+    """The README's "Bring your own data" commands are valid command lines of data.stage, one per source."""
+    readme = open(os.path.join(REPO_ROOT, "README.md")).read()
+    commands = [shlex.split(line.strip(), comments=True) for line in readme.splitlines()
+                if line.strip().startswith("python -m data.stage --name=")]
+    sources = set()
+    for command in commands:
+        args = stage.parse_args(command[3:])
+        sources |= {flag for flag in stage.SOURCES if getattr(args, flag)}
+    assert sources == set(stage.SOURCES), commands
