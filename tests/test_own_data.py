@@ -144,6 +144,14 @@ def test_own_data_stages_into_gcs_and_trains_from_there(staged, gcs, gcs_bucket,
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "'accuracy': " in trained.stdout
 
+    info = "tensorflow_datasets/own_npz/1.0.0/dataset_info.json"
+    generation = gcs.client().bucket(gcs_bucket).get_blob(info).generation
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={staged['inputs']['npz']}") == 0
+    assert gcs.client().bucket(gcs_bucket).get_blob(info).generation == generation  # Nothing rewritten.
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={staged['inputs']['npz']}", "--force") == 0
+    assert gcs.client().bucket(gcs_bucket).get_blob(info).generation != generation  # Deleted and stored anew.
+    assert tfds.builder("own_npz", data_dir=data_dir).info.splits["train"].num_examples == 400
+
 
 def test_a_dataset_that_is_not_staged_names_the_stage_command_in_one_line(tmp_path):
     result = run_train_py(*TABULAR, *TINY, "--gin_param=DATASET='tfds:not_staged_here'",
