@@ -25,6 +25,10 @@ import logging
 import sys
 
 SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
+# A shipped experiment whose model and settings fit each inferred task: where to start.
+STARTING_CONFIGS = {"ImageClassification": "configs/experiments/digits_mlp.gin",
+                    "TabularClassification": "configs/experiments/breast_cancer_mlp.gin",
+                    "TabularRegression": "configs/experiments/synthetic_housing_mlp.gin"}
 
 
 def stage(dataset: str, data_dir: str, manual_dir: str | None = None) -> bool:
@@ -113,7 +117,9 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
     from data.staged_spec import registry_lines, spec_from_metadata
 
     spec = spec_from_metadata(name, data_dir)
-    print(f"Train it: python train.py --gin_param=\"DATASET='tfds:{name}'\" --gin_param=\"DATA_DIR='{data_dir}'\"\n"
+    config = STARTING_CONFIGS.get(type(spec.task).__name__, "configs/default.gin")
+    print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
+          f"--gin_param=\"DATA_DIR='{data_dir}'\"\n"
           f"The task inferred from its metadata, to paste into DATASETS of data/registry.py if you want to change "
           f"it (then DATASET='{name}'):\n{registry_lines(name, spec)}", flush=True)
 

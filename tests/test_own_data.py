@@ -136,7 +136,8 @@ def test_own_data_stages_into_gcs_and_trains_from_there(staged, gcs, gcs_bucket,
     result = run_module("data.stage", "--name=own_npz", f"--data_dir={data_dir}",
                         f"--from_npz={staged['inputs']['npz']}")
     assert result.returncode == 0 and "own_npz: built into" in result.stdout, result.stderr[-3000:]
-    assert "DATASET='tfds:own_npz'" in result.stdout and "TabularClassification(num_features=4)" in result.stdout
+    assert ("--gin_file=configs/experiments/breast_cancer_mlp.gin --gin_param=\"DATASET='tfds:own_npz'\"" in
+            result.stdout and "TabularClassification(num_features=4)" in result.stdout), result.stdout
     names = gcs.object_names(gcs_bucket, "tensorflow_datasets/own_npz/1.0.0/")
     assert any(name.endswith("dataset_info.json") for name in names), names
     trained = run_train_py(*TABULAR, *TINY, "--gin_param=DATASET='tfds:own_npz'", f"--gin_param=DATA_DIR='{data_dir}'",
