@@ -210,3 +210,19 @@ def test_the_readme_commands_parse_and_name_each_source():
         args = stage.parse_args(command[3:])
         sources |= {flag for flag in stage.SOURCES if getattr(args, flag)}
     assert sources == set(stage.SOURCES), commands
+
+
+def test_text_labels_become_sorted_class_names_and_float_labels_a_target():
+    from data.own_sources import columns
+
+    rows = np.zeros((3, 2), np.float32)
+    features, staged = columns({"train": (rows, np.array(["iris", "daisy", "iris"])),
+                                "test": (rows[:1], np.array(["rose"]))})
+    assert features["label"].names == ["daisy", "iris", "rose"]
+    np.testing.assert_array_equal(staged["train"]["label"], [1, 0, 1])
+    np.testing.assert_array_equal(staged["test"]["label"], [2])
+    features, staged = columns({"train": (rows, np.array([0.5, 1.0, 2.0])), "test": (rows, np.array([1.0, 2, 3]))})
+    assert set(features.keys()) == {"features", "target"} and staged["train"]["target"].dtype == np.float32
+    features, _ = columns({"train": (rows, np.array([0.0, 1.0, 2.0])), "test": (rows, np.array([1.0, 2, 3]))},
+                          label_kind="class")
+    assert features["label"].num_classes == 4
