@@ -30,7 +30,7 @@ import tensorflow_datasets as tfds
 from common.errors import ConfigError
 from common.storage_errors import describe
 from data import shard_stream
-from data.registry import DatasetSpec
+from data.registry import DATASETS, DatasetSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,11 @@ def find_builder(tfds_name: str, data_dir: str | None, *,
         importlib.import_module(module)
     try:
         return tfds.builder(tfds_name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as error:
-        raise ConfigError(f"TFDS has no dataset {tfds_name!r} ({error}).") from error
+    except tfds.core.registered.DatasetNotFoundError as error:  # Its message lists every TFDS name: not repeated.
+        raise ConfigError(f"TFDS has no dataset {tfds_name!r}, and none is staged in DATA_DIR={data_dir!r}. Stage "
+                          f"your data there once: python -m data.stage --name={tfds_name} --data_dir=DIR with "
+                          "--from_npz=FILE, --from_csv=..., --from_tfrecord=... or --from_image_folder=DIR (README, "
+                          "'Bring your own data'), then pass the same DATA_DIR.") from error
 
 
 def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.DownloadConfig | None = None) -> bool:
@@ -54,7 +57,7 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
     if builder.is_prepared():
         return False
     instructions = (getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or "").strip()
-    stage_command = (f"python -m data.stage --dataset=tfds:{builder.name} --manual_dir=DIR "
+    stage_command = (f"python -m data.stage --dataset={stage_name(builder.name)} --manual_dir=DIR "
                      f"--data_dir={builder.data_dir_root}")
     if instructions and not (download_config and download_config.manual_dir):
         # Nothing can be built without the manually downloaded files: say so before writing anything.
@@ -68,6 +71,12 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
         raise ConfigError(f"Cannot prepare {builder.name!r} from {download_config.manual_dir}: "
                           f"{' '.join(str(error).split())}") from error
     return True
+
+
+def stage_name(tfds_name: str) -> str:
+    """What `python -m data.stage --dataset=` takes for `tfds_name`: its DATASET name when one is registered (so a
+    bundled builder's module is imported), else tfds:NAME."""
+    return next((name for name, spec in DATASETS.items() if spec.tfds_name == tfds_name), f"tfds:{tfds_name}")
 
 
 def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:

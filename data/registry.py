@@ -1,7 +1,8 @@
 """Datasets by name (`DATASET`): which TFDS dataset, which splits, and which task is learned from it.
 
-To add a dataset: make (or pick, or stage with `python -m data.stage`) a TFDS dataset, then add a `DatasetSpec` to
-`DATASETS` with the task that reads it (tasks/). The input pipelines and the serving signature both go through the
+To add a dataset: make (or pick, or stage with `python -m data.stage --from_...`) a TFDS dataset, then add a
+`DatasetSpec` to `DATASETS` with the task that reads it (tasks/), or train it as `DATASET='tfds:NAME'` with a task
+inferred from its metadata (data/staged_spec.py). The input pipelines and the serving signature both go through the
 task, so training and serving see the same inputs.
 """
 
@@ -71,10 +72,15 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-def get_dataset_spec(name: str) -> DatasetSpec:
-    """The registered DatasetSpec for `name`; a ConfigError that lists the known names otherwise."""
+def get_dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
+    """The registered DatasetSpec for `name`; for 'tfds:NAME' one read from that TFDS dataset's metadata in
+    `data_dir` (data/staged_spec.py); a ConfigError that lists the known names otherwise."""
+    if name.startswith("tfds:"):
+        from data.staged_spec import spec_from_metadata
+
+        return spec_from_metadata(name[len("tfds:"):], data_dir)
     try:
         return DATASETS[name]
     except KeyError:
         raise ConfigError(f"Unknown DATASET={name!r}. Known datasets: {', '.join(sorted(DATASETS))}. Register a new "
-                          "one in data/registry.py.") from None
+                          "one in data/registry.py, or use 'tfds:NAME' for a staged TFDS dataset.") from None

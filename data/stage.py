@@ -1,21 +1,34 @@
-"""Stage a TFDS dataset into a data_dir, typically on GCS, so TPU hosts can read it:
+"""Stage a dataset into a TFDS data_dir (local, or gs:// so TPU hosts can read it): a known one, or your own data.
 
+Known datasets (TFDS `download_and_prepare` straight into data_dir):
   python -m data.stage --dataset=digits --data_dir=gs://BUCKET/tensorflow_datasets
   python -m data.stage --dataset=cifar10 --data_dir=gs://BUCKET/tensorflow_datasets   # any DATASET name
   python -m data.stage --dataset=tfds:fashion_mnist --data_dir=gs://BUCKET/tensorflow_datasets  # any TFDS name
   python -m data.stage --dataset=imagenet2012 --manual_dir=/data/ilsvrc --data_dir=gs://BUCKET/tensorflow_datasets
 
-Builds the dataset (TFDS `download_and_prepare`) straight into `data_dir`; the bundled digits builder needs no
-network, registered TFDS datasets download from their source first; ImageNet has no download: put
-ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar (from image-net.org, after registering) in --manual_dir
-(a few hours and ~300 GB of local disk for the build; TFDS writes ~1,024 train shards).
-Idempotent: when the dataset is already prepared there, it says so and does nothing. The bucket is checked first
-(exists, writable: exit 2 otherwise). Then pass the same path as DATA_DIR.
+Your own data, as TFDS dataset NAME (then train it with --gin_param="DATASET='tfds:NAME'" and the same DATA_DIR):
+  python -m data.stage --name=NAME --data_dir=DIR --from_npz=data.npz        # x_train, y_train, x_test, y_test
+  python -m data.stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN
+  python -m data.stage --name=NAME --data_dir=DIR --from_tfrecord='train=tr-*.tfrecord,test=te-*.tfrecord' \\
+      --features='features:float32[8],label:int64'
+  python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES  # IMAGES/{train,test}/<class>/*.png
+
+The bundled digits builder needs no network, registered TFDS datasets download from their source first; ImageNet has
+no download: put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar (from image-net.org, after registering) in
+--manual_dir (a few hours and ~300 GB of local disk for the build; TFDS writes ~1,024 train shards).
+Idempotent: when the dataset is already in data_dir, it says so and does nothing; --force rebuilds your own data.
+A gs:// bucket is checked first (exists, writable: exit 2 otherwise). Then pass the same path as DATA_DIR.
 """
 
 import argparse
 import logging
 import sys
+
+SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
+# A shipped experiment whose model and settings fit each inferred task: where to start.
+STARTING_CONFIGS = {"ImageClassification": "configs/experiments/digits_mlp.gin",
+                    "TabularClassification": "configs/experiments/breast_cancer_mlp.gin",
+                    "TabularRegression": "configs/experiments/synthetic_housing_mlp.gin"}
 
 
 def stage(dataset: str, data_dir: str, manual_dir: str | None = None) -> bool:
@@ -24,33 +37,91 @@ def stage(dataset: str, data_dir: str, manual_dir: str | None = None) -> bool:
 
     from common.gcs_checks import check_gcs_paths
     from data.pipeline import find_builder, prepare
-    from data.registry import get_dataset_spec
+    from data.registry import DATASETS, get_dataset_spec
 
     check_gcs_paths({"--data_dir": data_dir})
     download_config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
     if dataset.startswith("tfds:"):
-        return prepare(find_builder(dataset[len("tfds:"):], data_dir), download_config)
+        name = dataset[len("tfds:"):]
+        # A bundled builder (e.g. tfds:sklearn_digits) is registered only once its module is imported.
+        module = next((spec.module for spec in DATASETS.values() if spec.tfds_name == name), None)
+        return prepare(find_builder(name, data_dir, module=module), download_config)
     spec = get_dataset_spec(dataset)
     return prepare(find_builder(spec.tfds_name, data_dir, module=spec.module), download_config)
 
 
-def main(argv: list[str]) -> int:
+def stage_own(args: argparse.Namespace) -> bool:
+    """Stores the --from_* source as TFDS dataset --name in --data_dir; False when it was there (and no --force)."""
+    from common.gcs_checks import check_gcs_paths
+    from data import own_data
+
+    own_data.check_name(args.name)
+    check_gcs_paths({"--data_dir": args.data_dir})
+    features, splits = own_data.read_source(args)  # Read and checked before anything is written.
+    source = next(f"--{flag}={getattr(args, flag)}" for flag in SOURCES if getattr(args, flag))
+    return own_data.store(args.name, args.data_dir, features, splits, force=args.force,
+                          description=f"Staged with python -m data.stage {source}.")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", required=True, help="a DATASET name (data/registry.py) or tfds:<TFDS name>")
     parser.add_argument("--data_dir", required=True, help="TFDS data_dir to build into, e.g. gs://BUCKET/tfds")
-    parser.add_argument("--manual_dir", help="folder of manually downloaded files (ImageNet's tar files)")
+    known = parser.add_argument_group("a known dataset")
+    known.add_argument("--dataset", help="a DATASET name (data/registry.py) or tfds:<TFDS name>")
+    known.add_argument("--manual_dir", help="folder of manually downloaded files (ImageNet's tar files)")
+    own = parser.add_argument_group("your own data (one --from_*)")
+    own.add_argument("--name", help="the new TFDS dataset's name (lower_case); train it as DATASET='tfds:NAME'")
+    own.add_argument("--from_npz", help=".npz file with x_train, y_train, x_test, y_test (or see --npz_keys)")
+    own.add_argument("--npz_keys", help="the arrays per split: train=INPUTS:LABELS,test=INPUTS:LABELS")
+    own.add_argument("--from_csv", help="train=FILE,test=FILE: CSV files with a header row")
+    own.add_argument("--from_tfrecord", help="train=GLOB,test=GLOB: TFRecord files of tf.train.Example")
+    own.add_argument("--features", help="with --from_tfrecord: NAME:DTYPE[SHAPE],... (float32, int64, image)")
+    own.add_argument("--from_image_folder", help="folder with train/<class>/*.png and test/<class>/*.png")
+    own.add_argument("--label", default="label", help="the label column (CSV) or feature (TFRecord); default label")
+    own.add_argument("--label_kind", choices=("auto", "class", "number"), default="auto",
+                     help="class (classification) or number (regression); auto: text and integers are classes")
+    own.add_argument("--force", action="store_true", help="delete and rebuild the dataset if it is staged already")
     args = parser.parse_args(argv)
+    sources = [flag for flag in SOURCES if getattr(args, flag)]
+    if bool(args.dataset) + len(sources) != 1:
+        parser.error("pass exactly one of --dataset or " + ", ".join(f"--{flag}" for flag in SOURCES))
+    if sources and not args.name:
+        parser.error(f"--{sources[0]} needs --name, the dataset's name (e.g. --name=my_data)")
+    if args.force and args.dataset:
+        parser.error("--force rebuilds your own data (--from_*); to rebuild --dataset, delete its folder in "
+                     "--data_dir")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     from common.errors import ConfigError
 
     try:
-        built = stage(args.dataset, args.data_dir, args.manual_dir)
+        built = stage(args.dataset, args.data_dir, args.manual_dir) if args.dataset else stage_own(args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
-    print(f"{args.dataset}: {'built into' if built else 'already staged in'} {args.data_dir}"
-          f"{'' if built else ' (nothing to do)'}. Use DATA_DIR='{args.data_dir}'.", flush=True)
+    name = args.dataset or args.name
+    print(f"{name}: {'built into' if built else 'already staged in'} {args.data_dir}"
+          f"{'' if built else ' (nothing to do; --force rebuilds)' if args.name else ' (nothing to do)'}. "
+          f"Use DATA_DIR='{args.data_dir}'.", flush=True)
+    if args.name:
+        _print_how_to_train(args.name, args.data_dir)
     return 0
+
+
+def _print_how_to_train(name: str, data_dir: str) -> None:
+    """The gin lines that train the staged dataset, and the DatasetSpec it stands for (to register and edit)."""
+    from data.staged_spec import registry_lines, spec_from_metadata
+
+    spec = spec_from_metadata(name, data_dir)
+    config = STARTING_CONFIGS.get(type(spec.task).__name__, "configs/default.gin")
+    print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
+          f"--gin_param=\"DATA_DIR='{data_dir}'\"\n"
+          f"The task inferred from its metadata, to paste into DATASETS of data/registry.py if you want to change "
+          f"it (then DATASET='{name}'):\n{registry_lines(name, spec)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def test_staging_from_the_tar_files_builds_the_dataset(tmp_path):
 
 def test_unprepared_imagenet_is_a_config_error_naming_the_fix(tmp_path):
     """Training or a preflight on a DATA_DIR without ImageNet: the staging command, and nothing written there."""
-    with pytest.raises(ConfigError, match="ILSVRC2012_img_train.tar.*python -m data.stage --dataset=tfds:imagenet2012 "
+    with pytest.raises(ConfigError, match="ILSVRC2012_img_train.tar.*python -m data.stage --dataset=imagenet2012 "
                                           f"--manual_dir=DIR --data_dir={tmp_path}"):
         pipeline.load_builder(get_dataset_spec("imagenet2012"), str(tmp_path))
     assert not list(tmp_path.iterdir())

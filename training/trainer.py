@@ -34,7 +34,7 @@ class Trainer:
         self.config = config
         self.strategy = strategy
         config.check_replicas(strategy.num_replicas_in_sync, training=training)
-        spec = get_dataset_spec(config.dataset)
+        spec = get_dataset_spec(config.dataset, config.data_dir)
         model_builder = get_model_builder(config.model)
         self.data = pipeline.load_builder(spec, config.data_dir)
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.

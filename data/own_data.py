@@ -1,0 +1,77 @@
+"""Stores data a user already has as a TFDS dataset in a data_dir (local or gs://), with TFDS's own
+`tfds.dataset_builders.store_as_tfds_dataset`: the shards, the features and the split sizes land in the standard
+layout (`DATA_DIR/NAME/1.0.0/`), so `DATASET='tfds:NAME'` trains from it with no builder code (data/staged_spec.py).
+
+The sources are read and checked first (data/own_sources.py, data/own_images.py); only then is anything written.
+A dataset already there is left alone unless `force`, which deletes that version and stores it anew.
+"""
+
+import logging
+
+from common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+VERSION = "1.0.0"
+
+
+def check_name(name: str) -> None:
+    """A new TFDS dataset name: snake_case, and not a dataset TFDS already registers (that would shadow it)."""
+    import re
+
+    import tensorflow_datasets as tfds
+
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name or ""):
+        raise ConfigError(f"--name={name!r} is not a TFDS dataset name: use lower-case letters, digits and _, "
+                          "starting with a letter (e.g. --name=my_data).")
+    if name in tfds.list_builders(with_community_datasets=False):
+        raise ConfigError(f"--name={name!r} is a dataset TFDS already knows; choose another name (e.g. "
+                          f"--name=my_{name}).")
+
+
+def read_source(args) -> tuple:
+    """(features, {split: {feature: array}}) from the one --from_* source of the parsed command line `args`."""
+    from data import own_sources
+
+    class_names = None
+    if args.from_npz:
+        splits = own_sources.read_npz(args.from_npz, args.npz_keys)
+    elif args.from_csv:
+        splits = own_sources.read_csv(own_sources.parse_split_paths(args.from_csv, "--from_csv"), args.label)
+    elif args.from_tfrecord:
+        if not args.features:
+            raise ConfigError("--from_tfrecord needs --features, the stored features' names, dtypes and shapes, e.g. "
+                              "--features='features:float32[8],label:int64'.")
+        splits = own_sources.read_tfrecords(own_sources.parse_split_paths(args.from_tfrecord, "--from_tfrecord"),
+                                            args.features, args.label)
+    else:
+        from data.own_images import read_image_folder
+
+        splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"))
+    return own_sources.columns(splits, args.label_kind, class_names)
+
+
+def store(name: str, data_dir: str, features, splits: dict, *, force: bool = False, description: str = "") -> bool:
+    """Writes `splits` ({split: {feature: array}}) as TFDS dataset `name` into `data_dir`; False when it was there
+    already and not `force` (nothing written)."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    version_dir = f"{data_dir.rstrip('/')}/{name}/{VERSION}"
+    if tf.io.gfile.exists(f"{version_dir}/dataset_info.json"):
+        if not force:
+            return False
+        log.info("--force: deleting %s before storing it anew.", version_dir)
+        tf.io.gfile.rmtree(version_dir)
+
+    def examples(columns: dict):
+        count = len(next(iter(columns.values())))
+        for index in range(count):
+            yield index, {key: values[index] for key, values in columns.items()}
+
+    tfds.disable_progress_bar()
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name=name, version=VERSION, features=features, data_dir=data_dir,
+        split_datasets={split: examples(columns) for split, columns in splits.items()},
+        description=description or "Staged with python -m data.stage.", disable_shuffling=True)
+    return True

@@ -1,0 +1,56 @@
+"""An image folder, one sub-folder per split and per class (`DIR/train/<class>/*.png`, `DIR/test/<class>/*.png`),
+read into uint8 arrays with class ids; the layout is TFDS's `ImageFolder`'s, and the class names are the sorted
+sub-folder names of all splits (as ImageFolder orders them). Every image must have the same shape.
+"""
+
+import numpy as np
+
+from common.errors import ConfigError
+from data.own_sources import check_splits
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+
+
+def read_image_folder(root: str) -> tuple[dict, list[str]]:
+    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root`."""
+    import tensorflow as tf
+
+    if not tf.io.gfile.isdir(root):
+        raise ConfigError(f"--from_image_folder={root!r} is not a folder. Pass a folder with DIR/train/<class>/*.png "
+                          "and DIR/test/<class>/*.png.")
+    listing = {split.rstrip("/"): {} for split in tf.io.gfile.listdir(root)
+               if tf.io.gfile.isdir(f"{root}/{split.rstrip('/')}")}
+    check_splits(listing, f"--from_image_folder={root!r}")
+    for split in listing:
+        for name in tf.io.gfile.listdir(f"{root}/{split}"):
+            folder = f"{root}/{split}/{name.rstrip('/')}"
+            if tf.io.gfile.isdir(folder):
+                listing[split][name.rstrip("/")] = sorted(
+                    f"{folder}/{file}" for file in tf.io.gfile.listdir(folder)
+                    if file.lower().endswith(IMAGE_EXTENSIONS))
+    class_names = sorted({name for classes in listing.values() for name in classes})
+    if len(class_names) < 2:
+        raise ConfigError(f"--from_image_folder={root!r} has the classes {class_names}; classification needs at "
+                          "least two class sub-folders per split (DIR/train/<class>/).")
+    splits, shapes = {}, {}
+    for split, classes in listing.items():
+        images, labels = [], []
+        for name, files in classes.items():
+            for path in files:
+                try:
+                    image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False).numpy()
+                except tf.errors.InvalidArgumentError as error:
+                    raise ConfigError(f"{path} is not a readable image ({error.message.splitlines()[0]}); remove "
+                                      "it.") from None
+                shapes.setdefault(image.shape, path)
+                if len(shapes) > 1:
+                    first_shape, first_path = next(iter(shapes.items()))
+                    raise ConfigError(f"Images of different shapes: {path} is {image.shape}, {first_path} is "
+                                      f"{first_shape}. Resize them to one shape first.")
+                images.append(image)
+                labels.append(class_names.index(name))
+        if not images:
+            raise ConfigError(f"--from_image_folder: {root}/{split} has no {'/'.join(IMAGE_EXTENSIONS)} images in "
+                              "class sub-folders.")
+        splits[split] = (np.stack(images).astype(np.uint8), np.asarray(labels, np.int64))
+    return splits, class_names

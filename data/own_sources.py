@@ -1,0 +1,228 @@
+"""Data a user already has, read into columns per split: NumPy `.npz` arrays, CSV files, TFRecord files of
+tf.train.Example (with a feature spec) and image folders (data/own_images.py).
+
+Each reader returns `{split: (inputs, labels)}` (NumPy arrays, one row per example); `columns()` then decides the
+staged features from the arrays themselves, so every source is described the same way in the TFDS metadata:
+- inputs: a float vector per example -> 'features' (tfds Tensor float32 [D]); uint8 arrays of rank 2 or 3 per
+  example -> 'image' (tfds Image, PNG);
+- labels: strings or integers -> 'label' (tfds ClassLabel: the sorted strings, or 0..max); floats -> 'target'
+  (a float32 scalar, for regression). `label_kind` ('class' or 'number') overrides the guess.
+Everything is read into host memory (sizes a laptop holds); for larger data write a TFDS builder
+(data/digits/digits_dataset_builder.py is the example). Every bad input is a ConfigError that names it and the fix.
+"""
+
+import csv
+import io
+import re
+
+import numpy as np
+
+from common.errors import ConfigError
+
+SPEC_DTYPES = ("float32", "int64", "image")  # --features dtypes; 'image' = encoded PNG/JPEG bytes.
+_SPEC_ITEM = re.compile(r"\s*([\w/.-]+):(\w+)(?:\[([\d,\s]*)\])?\s*(?:,|$)")
+
+
+def parse_split_paths(value: str, flag: str) -> dict[str, str]:
+    """'train=a.csv,test=b.csv' -> {'train': 'a.csv', 'test': 'b.csv'}."""
+    pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+    if not pairs or any(not split.strip() or not path.strip() or sep != "=" for split, sep, path in pairs):
+        raise ConfigError(f"{flag}={value!r} is not a list of SPLIT=PATH pairs; write e.g. "
+                          f"{flag}=train=train.csv,test=test.csv")
+    return {split.strip(): path.strip() for split, _, path in pairs}
+
+
+def check_splits(splits: dict, source: str) -> None:
+    """Training needs a 'train' split and a 'test' or 'validation' split."""
+    if "train" not in splits or not {"test", "validation"} & set(splits):
+        raise ConfigError(f"{source} gives the splits {sorted(splits)}; training needs 'train' and 'test' (or "
+                          "'validation'). Name them so (e.g. x_train/x_test arrays, train=FILE,test=FILE).")
+
+
+def read_npz(path: str, keys: str | None) -> dict:
+    """Arrays `x_SPLIT`/`y_SPLIT` of an .npz file, or the pairs named by `keys` ('train=X:Y,test=X:Y')."""
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path):
+        raise ConfigError(f"--from_npz={path!r}: no such file. Pass the path of an .npz file (np.savez).")
+    try:
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            arrays = dict(np.load(io.BytesIO(handle.read()), allow_pickle=False))
+    except (ValueError, OSError) as error:
+        raise ConfigError(f"--from_npz={path!r} is not a NumPy .npz file ({error}); save it with np.savez.") \
+            from error
+    if keys:
+        pairs = {split: names.split(":") for split, names in parse_split_paths(keys, "--npz_keys").items()}
+    else:
+        pairs = {name[2:]: [name, "y" + name[1:]] for name in arrays if name.startswith("x_")}
+    splits = {}
+    for split, names in pairs.items():
+        missing = [name for name in names if name not in arrays]
+        if len(names) != 2 or missing:
+            raise ConfigError(f"--from_npz={path!r} has the arrays {sorted(arrays)}, not {missing or names} for "
+                              f"split {split!r}. Name them x_train, y_train, x_test, y_test, or pass "
+                              "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS.")
+        splits[split] = (arrays[names[0]], arrays[names[1]])
+    check_splits(splits, f"--from_npz={path!r}")
+    return splits
+
+
+def read_csv(paths: dict[str, str], label: str) -> dict:
+    """Per split, a CSV file with a header row: the `label` column and numeric feature columns."""
+    import tensorflow as tf
+
+    check_splits(paths, "--from_csv")
+    splits, header = {}, None
+    for split, path in paths.items():
+        if not tf.io.gfile.exists(path):
+            raise ConfigError(f"--from_csv: {split}={path!r}: no such file.")
+        with tf.io.gfile.GFile(path, "r") as handle:
+            rows = [row for row in csv.reader(handle) if row]
+        if not rows or label not in rows[0]:
+            raise ConfigError(f"--label={label!r} is not a column of {path} (columns: {rows[0] if rows else []}); "
+                              "pass --label=<the column to predict>.")
+        if header is not None and rows[0] != header:
+            raise ConfigError(f"{path} has the columns {rows[0]}, the other split {header}: give every split the "
+                              "same header.")
+        header = rows[0]
+        index = header.index(label)
+        values, labels = [], []
+        for number, row in enumerate(rows[1:], start=2):
+            if len(row) != len(header):
+                raise ConfigError(f"{path}, line {number}: {len(row)} fields, the header has {len(header)}.")
+            try:
+                values.append([float(cell) for position, cell in enumerate(row) if position != index])
+            except ValueError as error:
+                raise ConfigError(f"{path}, line {number}: {error}. Feature columns must be numbers: drop or "
+                                  "encode that column.") from None
+            labels.append(row[index])
+        splits[split] = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
+    return splits
+
+
+def _label_array(labels: list[str]) -> np.ndarray:
+    """CSV label cells as ints, floats or strings, whichever all of them are."""
+    for kind in (int, float):
+        try:
+            return np.asarray([kind(value) for value in labels])
+        except ValueError:
+            continue
+    return np.asarray(labels)
+
+
+def parse_feature_spec(spec: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """'features:float32[8],label:int64' -> {'features': ('float32', (8,)), 'label': ('int64', ())}."""
+    items, position = {}, 0
+    while position < len(spec):
+        match = _SPEC_ITEM.match(spec, position)
+        if not match or match.end() == position:
+            raise ConfigError(f"--features={spec!r}: cannot read it from {spec[position:]!r}. Write NAME:DTYPE[SHAPE] "
+                              "items separated by commas, e.g. --features='features:float32[8],label:int64'.")
+        name, dtype, shape = match.groups()
+        if dtype not in SPEC_DTYPES:
+            raise ConfigError(f"--features: {name}:{dtype}: unknown dtype {dtype!r}; use one of {SPEC_DTYPES}.")
+        items[name] = (dtype, tuple(int(size) for size in (shape or "").split(",") if size.strip()))
+        position = match.end()
+    return items
+
+
+def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
+    """Per split, TFRecord files (a glob) of tf.train.Example with the features of `spec`; `label` is the target."""
+    import tensorflow as tf
+
+    check_splits(patterns, "--from_tfrecord")
+    features = parse_feature_spec(spec)
+    if label not in features or len(features) != 2:
+        raise ConfigError(f"--features={spec!r} must name two features, the input and --label={label!r}; pass "
+                          "e.g. --features='features:float32[8],label:int64' --label=label.")
+    parse_spec = {name: tf.io.FixedLenFeature([] if dtype == "image" else shape,
+                                              {"float32": tf.float32, "int64": tf.int64, "image": tf.string}[dtype])
+                  for name, (dtype, shape) in features.items()}
+    (input_name,) = [name for name in features if name != label]
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, parse_spec)
+        if features[input_name][0] == "image":
+            example[input_name] = tf.io.decode_image(example[input_name], expand_animations=False)
+        return example[input_name], example[label]
+
+    splits = {}
+    for split, pattern in patterns.items():
+        files = sorted(tf.io.gfile.glob(pattern))
+        if not files:
+            raise ConfigError(f"--from_tfrecord: {split}={pattern!r} matches no file.")
+        try:
+            inputs, labels = zip(*tf.data.TFRecordDataset(files).map(parse).as_numpy_iterator(), strict=True)
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
+            raise ConfigError(f"--from_tfrecord: {split}={pattern!r} does not match --features={spec!r} "
+                              f"({error.message.splitlines()[0][:300]}). Give each feature's dtype and shape as "
+                              "stored.") from None
+        except ValueError:  # zip of nothing: empty files.
+            raise ConfigError(f"--from_tfrecord: {split}={pattern!r} holds no records.") from None
+        splits[split] = (_stack(inputs, f"--from_tfrecord {split}"), np.asarray(labels))
+    return splits
+
+
+def _stack(rows, what: str) -> np.ndarray:
+    shapes = sorted({np.shape(row) for row in rows})
+    if len(shapes) > 1:
+        raise ConfigError(f"{what}: examples of different shapes {shapes[:4]}; every example needs the same shape "
+                          "(resize or pad them first).")
+    return np.stack(rows)
+
+
+def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None):
+    """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring."""
+    import tensorflow_datasets as tfds
+
+    for split, (inputs, labels) in splits.items():
+        if len(inputs) != len(labels):
+            raise ConfigError(f"Split {split!r} has {len(inputs)} inputs but {len(labels)} labels; give one label per "
+                              "example.")
+        if not len(inputs):
+            raise ConfigError(f"Split {split!r} is empty; give it at least one example.")
+    shapes = {split: tuple(inputs.shape[1:]) for split, (inputs, _) in splits.items()}
+    if len(set(shapes.values())) > 1:
+        raise ConfigError(f"The splits' inputs have different shapes per example: {shapes}; make them equal.")
+    first_inputs = next(iter(splits.values()))[0]
+    shape = shapes[next(iter(shapes))]
+    if first_inputs.dtype == np.uint8 and len(shape) in (2, 3):
+        input_key, image_shape = "image", shape if len(shape) == 3 else (*shape, 1)
+        input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8)
+        convert = lambda inputs: inputs.reshape(len(inputs), *image_shape)  # noqa: E731
+    elif len(shape) == 1 and np.issubdtype(first_inputs.dtype, np.number):
+        input_key, input_feature = "features", tfds.features.Tensor(shape=shape, dtype=np.float32)
+        convert = lambda inputs: inputs.astype(np.float32)  # noqa: E731
+    else:
+        raise ConfigError(f"Inputs of shape {shape} and dtype {first_inputs.dtype} per example are neither a "
+                          "feature vector (shape (D,), numbers) nor an image (uint8, (H, W) or (H, W, C)); reshape "
+                          "rows to vectors, or images to uint8.")
+    all_labels = np.concatenate([labels for _, labels in splits.values()])
+    label_key, label_feature, to_ids = _label_feature(all_labels, label_kind, class_names)
+    staged = {split: {input_key: convert(inputs), label_key: to_ids(labels)}
+              for split, (inputs, labels) in splits.items()}
+    return tfds.features.FeaturesDict({input_key: input_feature, label_key: label_feature}), staged
+
+
+def _label_feature(labels: np.ndarray, kind: str, class_names: list[str] | None):
+    import tensorflow_datasets as tfds
+
+    if labels.ndim != 1:
+        raise ConfigError(f"Labels must be one value per example; got shape {labels.shape[1:]} per example.")
+    if class_names is not None:
+        return "label", tfds.features.ClassLabel(names=class_names), lambda values: values.astype(np.int64)
+    is_text = labels.dtype.kind in "US"
+    integral = not is_text and np.all(np.mod(labels, 1) == 0)
+    if kind == "number" or (kind == "auto" and not is_text and labels.dtype.kind == "f"):
+        if is_text:
+            raise ConfigError("--label_kind=number, but the labels are text; use --label_kind=class.")
+        return "target", tfds.features.Scalar(dtype=np.float32), lambda values: values.astype(np.float32)
+    if is_text:
+        names = sorted(set(labels.tolist()))
+        return ("label", tfds.features.ClassLabel(names=names),
+                lambda values: np.searchsorted(names, values).astype(np.int64))
+    if not integral or labels.min() < 0:
+        raise ConfigError(f"Class labels must be integers >= 0 (got values like {labels[:3].tolist()}); use "
+                          "--label_kind=number for a regression target.")
+    return ("label", tfds.features.ClassLabel(num_classes=int(labels.max()) + 1),
+            lambda values: values.astype(np.int64))

@@ -1,0 +1,96 @@
+"""`DATASET='tfds:NAME'`: a DatasetSpec read from a TFDS dataset's own metadata (its features and splits), so a
+dataset staged with `python -m data.stage --from_...` (or any TFDS dataset) trains by name with no code.
+
+The task follows from the features (one input, one target; the dataset's supervised_keys decide when set):
+- an Image + a ClassLabel -> ImageClassification: shape and classes from the metadata; pixels scaled by 255 then
+  standardised with mean 0.5, std 0.5 (to [-1, 1]), since the metadata holds no pixel statistics;
+- a float vector (Tensor [D]) + a ClassLabel -> TabularClassification; + a float scalar -> TabularRegression
+  (both standardise with the train split's statistics, computed when the run starts).
+Splits: 'train', and 'test' (else 'validation') for evaluation. For anything else (augmentation, other statistics,
+other keys) register a DatasetSpec in data/registry.py; `python -m data.stage` prints one to start from.
+"""
+
+import numpy as np
+
+from common.errors import ConfigError
+
+
+def spec_from_metadata(name: str, data_dir: str | None):
+    """The DatasetSpec of TFDS dataset `name` (as found in `data_dir`), its task inferred from the features."""
+    from data.pipeline import find_builder
+    from data.registry import DatasetSpec
+
+    builder = find_builder(name, data_dir)
+    splits = set(builder.info.splits) or {"train", "test"}  # No split metadata before a registered dataset's download.
+    eval_split = "test" if "test" in splits else "validation" if "validation" in splits else None
+    if "train" not in splits or eval_split is None:
+        raise ConfigError(f"DATASET='tfds:{name}' has the splits {sorted(splits)}; training by name needs 'train' and "
+                          "'test' (or 'validation'). Stage it with those splits, or register a DatasetSpec with its "
+                          "split names in data/registry.py.")
+    return DatasetSpec(tfds_name=name, train_split="train", eval_split=eval_split,
+                       task=infer_task(builder.info, f"tfds:{name}"))
+
+
+def infer_task(info, dataset: str):
+    """The Task for a dataset with these features (see the module docstring); a ConfigError when none fits."""
+    import tensorflow_datasets as tfds
+
+    from tasks.image_classification import ImageClassification
+    from tasks.tabular import TabularClassification, TabularRegression
+
+    features = info.features
+    if info.supervised_keys and all(isinstance(key, str) for key in info.supervised_keys[:2]):
+        input_key, target_key = info.supervised_keys[:2]
+    else:
+        inputs = [key for key, feature in features.items() if _is_input(feature)]
+        targets = [key for key, feature in features.items() if _is_target(feature)]
+        if len(inputs) != 1 or len(targets) != 1:
+            raise ConfigError(f"DATASET={dataset!r}: cannot tell input and target apart among its features "
+                              f"{dict(features.items())}: it needs one image or float vector and one class label or "
+                              "float scalar. Register a DatasetSpec with the task's keys in data/registry.py.")
+        input_key, target_key = inputs[0], targets[0]
+    image, target = features[input_key], features[target_key]
+    if isinstance(image, tfds.features.Image) and isinstance(target, tfds.features.ClassLabel):
+        if None in image.shape:
+            raise ConfigError(f"DATASET={dataset!r}: its images have no fixed shape ({image.shape}); resize them to "
+                              "one shape and stage again, or register a DatasetSpec with decoders that resize.")
+        channels = image.shape[-1]
+        return ImageClassification(num_classes=target.num_classes, image_shape=tuple(image.shape),
+                                   mean=(0.5,) * channels, std=(0.5,) * channels, image_key=input_key,
+                                   label_key=target_key)
+    if _is_input(image) and not isinstance(image, tfds.features.Image) and len(image.shape) == 1:
+        if isinstance(target, tfds.features.ClassLabel):
+            return TabularClassification(num_features=image.shape[0], num_classes=target.num_classes,
+                                         features_key=input_key, label_key=target_key)
+        if _is_target(target):
+            return TabularRegression(num_features=image.shape[0], features_key=input_key, label_key=target_key)
+    raise ConfigError(f"DATASET={dataset!r}: no task fits the input {input_key!r} ({image}) and target "
+                      f"{target_key!r} ({target}); register a DatasetSpec with a task in data/registry.py.")
+
+
+def _is_input(feature) -> bool:
+    import tensorflow_datasets as tfds
+
+    if isinstance(feature, tfds.features.Image):
+        return True
+    return (type(feature) is tfds.features.Tensor and len(feature.shape) == 1
+            and np.issubdtype(feature.np_dtype, np.floating))
+
+
+def _is_target(feature) -> bool:
+    import tensorflow_datasets as tfds
+
+    if isinstance(feature, tfds.features.ClassLabel):
+        return True
+    return (isinstance(feature, tfds.features.Tensor) and not isinstance(feature, tfds.features.ClassLabel)
+            and feature.shape == () and np.issubdtype(feature.np_dtype, np.floating))
+
+
+def registry_lines(dataset: str, spec) -> str:
+    """The DatasetSpec of `spec` as Python to paste into DATASETS of data/registry.py (and edit)."""
+    task = spec.task
+    settings = ", ".join(f"{field}={getattr(task, field)!r}" for field in task.__dataclass_fields__
+                         if field != "class_names" and getattr(task, field) != task.__dataclass_fields__[field].default)
+    return (f'    "{dataset}": DatasetSpec(tfds_name="{spec.tfds_name}", train_split="{spec.train_split}", '
+            f'eval_split="{spec.eval_split}",\n'
+            f"        task={type(task).__name__}({settings})),")

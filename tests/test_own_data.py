@@ -1,0 +1,228 @@
+"""Bring your own data: each source (.npz arrays, CSV, TFRecord + feature spec, image folder) staged with
+`python -m data.stage --from_...` becomes a TFDS dataset whose metadata holds its features and split sizes, and trains
+by name (`DATASET='tfds:NAME'`) through train.py, locally and from gs:// (loopback server); --force rebuilds, a second
+stage without it writes nothing; bad inputs exit 2 with one line; a staged tabular dataset's export serves raw rows.
+
+The data are generated here, learnable from raw values on very different scales (so the task's standardisation
+matters); one data_dir per module holds every staged dataset.
+"""
+
+import json
+import os
+import shlex
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from data import stage
+from helpers import REPO_ROOT, run_module, run_train_py
+
+TINY = ["--gin_param=TRAIN_STEPS=60", "--gin_param=STEPS_PER_LOOP=20", "--gin_param=EVAL_EVERY=0",
+        "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=cosine.warmup_steps=5", "--gin_param=GLOBAL_BATCH_SIZE=32"]
+TABULAR = ["--gin_file=configs/experiments/breast_cancer_mlp.gin", "--gin_param=LEARNING_RATE=0.05"]
+SCALES, OFFSETS = np.array([100.0, 0.01, 5.0, 1.0]), np.array([-300.0, 2.0, 40.0, 0.0])
+
+
+def _rows(count: int, seed: int):
+    """Raw feature rows on different scales and offsets, two classes by the sign of (x0 + x1) of the standard parts."""
+    standard = np.random.default_rng(seed).standard_normal((count, 4))
+    return (standard * SCALES + OFFSETS).astype(np.float32), (standard[:, 0] + standard[:, 1] > 0).astype(np.int64)
+
+
+def _stage(*args: str) -> int:
+    return stage.main(list(args))
+
+
+def _write_images(root: str, sizes: dict, shape=(8, 8, 3)) -> None:
+    """root/SPLIT/CLASS/*.png: 'red' images are bright in channel 0, 'blue' in channel 2 (plus noise)."""
+    rng = np.random.default_rng(1)
+    for split, count in sizes.items():
+        for channel, name in ((0, "red"), (2, "blue")):
+            os.makedirs(f"{root}/{split}/{name}")
+            for index in range(count):
+                image = rng.integers(0, 90, shape).astype(np.uint8)
+                image[..., channel] += 150
+                tf.io.write_file(f"{root}/{split}/{name}/{index}.png", tf.io.encode_png(image))
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory) -> dict:
+    """One data_dir with four staged datasets (one per source) and the raw inputs they came from."""
+    root = tmp_path_factory.mktemp("own")
+    data_dir, inputs = str(root / "tfds"), {}
+    x_train, y_train = _rows(400, 0)
+    x_test, y_test = _rows(100, 1)
+    inputs["npz"] = str(root / "rows.npz")
+    np.savez(inputs["npz"], x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={inputs['npz']}") == 0
+
+    for split, (x, y) in (("train", (x_train, y_train)), ("test", (x_test, y_test))):
+        target = (x[:, 0] - OFFSETS[0]) / SCALES[0] - 2 * (x[:, 2] - OFFSETS[2]) / SCALES[2]  # From raw columns.
+        with open(root / f"{split}.csv", "w") as handle:
+            handle.write("a,b,c,d,price\n" + "".join(f"{a},{b},{c},{d},{t:.4f}\n" for (a, b, c, d), t in
+                                                       zip(x.tolist(), target.tolist(), strict=True)))
+        with tf.io.TFRecordWriter(str(root / f"{split}-00000.tfrecord")) as writer:
+            for row, label in zip(x, y, strict=True):
+                writer.write(tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
+    assert _stage("--name=own_csv", f"--data_dir={data_dir}", f"--from_csv=train={root}/train.csv,"
+                  f"test={root}/test.csv", "--label=price") == 0
+    assert _stage("--name=own_tfrecord", f"--data_dir={data_dir}", f"--from_tfrecord=train={root}/train-*.tfrecord,"
+                  f"test={root}/test-*.tfrecord", "--features=x:float32[4],y:int64", "--label=y") == 0
+    _write_images(str(root / "images"), {"train": 40, "test": 10})
+    assert _stage("--name=own_images", f"--data_dir={data_dir}", f"--from_image_folder={root}/images") == 0
+    return {"data_dir": data_dir, "root": root, "inputs": inputs, "test": (x_test, y_test)}
+
+
+def test_each_source_is_a_tfds_dataset_with_features_and_split_sizes_in_its_metadata(staged):
+    features = {"own_npz": ("features", "label"), "own_csv": ("features", "target"),
+                "own_tfrecord": ("features", "label"), "own_images": ("image", "label")}
+    sizes = {"own_npz": (400, 100), "own_csv": (400, 100), "own_tfrecord": (400, 100), "own_images": (80, 20)}
+    for name, keys in features.items():
+        info = tfds.builder_from_directory(os.path.join(staged["data_dir"], name, "1.0.0")).info
+        assert tuple(sorted(info.features.keys())) == tuple(sorted(keys)), (name, info.features)
+        assert (info.splits["train"].num_examples, info.splits["test"].num_examples) == sizes[name]
+    images = tfds.builder_from_directory(os.path.join(staged["data_dir"], "own_images", "1.0.0")).info.features
+    assert images["image"].shape == (8, 8, 3) and images["label"].names == ["blue", "red"]
+    rows = tfds.as_numpy(tfds.builder("own_tfrecord", data_dir=staged["data_dir"]).as_dataset("test", batch_size=-1))
+    np.testing.assert_array_equal(rows["features"], staged["test"][0])  # Same rows, same order, as the files.
+    np.testing.assert_array_equal(rows["label"], staged["test"][1])
+
+
+@pytest.mark.parametrize("name, config, metric, bound", [
+    ("own_npz", TABULAR, "accuracy", 0.85),
+    ("own_tfrecord", TABULAR, "accuracy", 0.85),
+    ("own_csv", ["--gin_file=configs/experiments/synthetic_housing_mlp.gin"], "mean_absolute_error", 1.0),
+    ("own_images", ["--gin_file=configs/experiments/digits_mlp.gin"], "accuracy", 0.9),
+])
+def test_each_staged_source_trains_by_name(staged, tmp_path, name, config, metric, bound):
+    model_dir = str(tmp_path / "run")
+    result = run_train_py(*config, *TINY, f"--gin_param=DATASET='tfds:{name}'",
+                          f"--gin_param=DATA_DIR='{staged['data_dir']}'", f"--model_dir={model_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    value = json.load(open(os.path.join(model_dir, "metrics.json")))["eval"][metric]
+    assert value >= bound if metric == "accuracy" else value <= bound, result.stdout[-1500:]
+    if name == "own_npz":  # The export serves raw rows (not standardised ones) and standardises them itself.
+        served = tf.saved_model.load(f"{model_dir}/export/60").signatures["serving_default"]
+        rows, labels = staged["test"]
+        outputs = served(features=tf.constant(rows))
+        assert np.mean(outputs["classes"].numpy() == labels) >= 0.85
+        assert set(outputs["class_names"].numpy().tolist()) <= {b"0", b"1"}
+
+
+def test_a_second_stage_does_nothing_and_force_rebuilds(staged, capsys):
+    data_dir, version_dir = staged["data_dir"], os.path.join(staged["data_dir"], "own_npz", "1.0.0")
+    before = {name: os.stat(os.path.join(version_dir, name)).st_mtime_ns for name in os.listdir(version_dir)}
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={staged['inputs']['npz']}") == 0
+    assert "already staged" in capsys.readouterr().out
+    assert {name: os.stat(os.path.join(version_dir, name)).st_mtime_ns for name in os.listdir(version_dir)} == before
+
+    smaller = str(staged["root"] / "smaller.npz")
+    (x, y), (x_test, y_test) = _rows(50, 2), _rows(10, 3)
+    np.savez(smaller, x_train=x, y_train=y, x_test=x_test, y_test=y_test)
+    copy = os.path.join(staged["root"], "force")
+    assert _stage("--name=own_npz", f"--data_dir={copy}", f"--from_npz={staged['inputs']['npz']}") == 0
+    assert _stage("--name=own_npz", f"--data_dir={copy}", f"--from_npz={smaller}", "--force") == 0
+    info = tfds.builder("own_npz", data_dir=copy).info
+    assert (info.splits["train"].num_examples, info.splits["test"].num_examples) == (50, 10)
+
+
+@pytest.mark.slow
+def test_own_data_stages_into_gcs_and_trains_from_there(staged, gcs, gcs_bucket, tmp_path):
+    data_dir = f"gs://{gcs_bucket}/tensorflow_datasets"
+    result = run_module("data.stage", "--name=own_npz", f"--data_dir={data_dir}",
+                        f"--from_npz={staged['inputs']['npz']}")
+    assert result.returncode == 0 and "own_npz: built into" in result.stdout, result.stderr[-3000:]
+    assert ("--gin_file=configs/experiments/breast_cancer_mlp.gin --gin_param=\"DATASET='tfds:own_npz'\"" in
+            result.stdout and "TabularClassification(num_features=4)" in result.stdout), result.stdout
+    names = gcs.object_names(gcs_bucket, "tensorflow_datasets/own_npz/1.0.0/")
+    assert any(name.endswith("dataset_info.json") for name in names), names
+    trained = run_train_py(*TABULAR, *TINY, "--gin_param=DATASET='tfds:own_npz'", f"--gin_param=DATA_DIR='{data_dir}'",
+                           f"--model_dir={tmp_path / 'run'}")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "'accuracy': " in trained.stdout
+
+    info = "tensorflow_datasets/own_npz/1.0.0/dataset_info.json"
+    generation = gcs.client().bucket(gcs_bucket).get_blob(info).generation
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={staged['inputs']['npz']}") == 0
+    assert gcs.client().bucket(gcs_bucket).get_blob(info).generation == generation  # Nothing rewritten.
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={staged['inputs']['npz']}", "--force") == 0
+    assert gcs.client().bucket(gcs_bucket).get_blob(info).generation != generation  # Deleted and stored anew.
+    assert tfds.builder("own_npz", data_dir=data_dir).info.splits["train"].num_examples == 400
+
+
+def test_a_dataset_that_is_not_staged_names_the_stage_command_in_one_line(tmp_path):
+    result = run_train_py(*TABULAR, *TINY, "--gin_param=DATASET='tfds:not_staged_here'",
+                          f"--gin_param=DATA_DIR='{tmp_path}'", f"--model_dir={tmp_path / 'run'}", timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+    assert "python -m data.stage --name=not_staged_here" in result.stderr and "--from_npz" in result.stderr
+
+
+def test_a_bundled_builder_stages_by_its_tfds_name(tmp_path):
+    """In a fresh process: the builder's module is imported for its TFDS name (it registers the builder)."""
+    result = run_module("data.stage", "--dataset=tfds:sklearn_breast_cancer", f"--data_dir={tmp_path}")
+    assert result.returncode == 0 and "built into" in result.stdout, result.stderr[-2000:]
+
+
+def _bad_inputs(root) -> dict:
+    """{case: (arguments, words the one error line must hold)}."""
+    np.savez(f"{root}/wide.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4, int), x_test=np.zeros((2, 5)),
+             y_test=np.zeros(2, int))
+    with open(f"{root}/train.csv", "w") as handle:
+        handle.write("a,b,label\n1,2,0\n3,4,1\n")
+    _write_images(f"{root}/images", {"train": 2, "test": 1})
+    tf.io.write_file(f"{root}/images/test/red/big.png", tf.io.encode_png(np.zeros((9, 9, 3), np.uint8)))
+    return {
+        "missing file": ([f"--from_npz={root}/nothing.npz"], ["nothing.npz", "no such file"]),
+        "missing label column": ([f"--from_csv=train={root}/train.csv,test={root}/train.csv", "--label=species"],
+                                 ["--label='species'", "columns", "'a', 'b', 'label'"]),
+        "inconsistent shapes": ([f"--from_npz={root}/wide.npz"], ["different shapes", "(3,)", "(5,)"]),
+        "image shapes": ([f"--from_image_folder={root}/images"], ["big.png", "(9, 9, 3)", "Resize"]),
+        "unknown dtype": ([f"--from_tfrecord=train={root}/*.tfrecord,test={root}/*.tfrecord",
+                           "--features=x:float16[4],label:int64"], ["float16", "unknown dtype", "float32"]),
+        "no test split": ([f"--from_csv=train={root}/train.csv"], ["'train'", "'test'"]),
+        "registered name": (["--name=mnist", f"--from_npz={root}/wide.npz"], ["mnist", "--name=my_mnist"]),
+    }
+
+
+def test_bad_inputs_exit_2_with_one_line_naming_the_value_and_the_fix(tmp_path, capsys):
+    for case, (arguments, words) in _bad_inputs(tmp_path).items():
+        name = [] if any(arg.startswith("--name") for arg in arguments) else ["--name=bad_data"]
+        assert _stage(*name, f"--data_dir={tmp_path}/tfds", *arguments) == 2, case
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1 and error.startswith("error: "), (case, error)
+        for word in words:
+            assert word in error, (case, word, error)
+    assert not os.path.exists(f"{tmp_path}/tfds/bad_data"), "nothing is written for bad inputs"
+
+
+def test_the_readme_commands_parse_and_name_each_source():
+    """The README's "Bring your own data" commands are valid command lines of data.stage, one per source."""
+    readme = open(os.path.join(REPO_ROOT, "README.md")).read()
+    commands = [shlex.split(line.strip(), comments=True) for line in readme.splitlines()
+                if line.strip().startswith("python -m data.stage --name=")]
+    sources = set()
+    for command in commands:
+        args = stage.parse_args(command[3:])
+        sources |= {flag for flag in stage.SOURCES if getattr(args, flag)}
+    assert sources == set(stage.SOURCES), commands
+
+
+def test_text_labels_become_sorted_class_names_and_float_labels_a_target():
+    from data.own_sources import columns
+
+    rows = np.zeros((3, 2), np.float32)
+    features, staged = columns({"train": (rows, np.array(["iris", "daisy", "iris"])),
+                                "test": (rows[:1], np.array(["rose"]))})
+    assert features["label"].names == ["daisy", "iris", "rose"]
+    np.testing.assert_array_equal(staged["train"]["label"], [1, 0, 1])
+    np.testing.assert_array_equal(staged["test"]["label"], [2])
+    features, staged = columns({"train": (rows, np.array([0.5, 1.0, 2.0])), "test": (rows, np.array([1.0, 2, 3]))})
+    assert set(features.keys()) == {"features", "target"} and staged["train"]["target"].dtype == np.float32
+    features, _ = columns({"train": (rows, np.array([0.0, 1.0, 2.0])), "test": (rows, np.array([1.0, 2, 3]))},
+                          label_kind="class")
+    assert features["label"].num_classes == 4
