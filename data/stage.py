@@ -119,7 +119,7 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
     spec = spec_from_metadata(name, data_dir)
     config = STARTING_CONFIGS.get(type(spec.task).__name__, "configs/default.gin")
     print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
-          f"--gin_param=\"DATA_DIR='{data_dir}'\"\n"
+          f"--gin_param=\"DATA_DIR='{data_dir}'\" --model_dir=runs/{name}\n"
           f"The task inferred from its metadata, to paste into DATASETS of data/registry.py if you want to change "
           f"it (then DATASET='{name}'):\n{registry_lines(name, spec)}", flush=True)
 

@@ -32,9 +32,10 @@ def guide():
             monkeypatch.setattr(module, name, dict(getattr(module, name)))
         # Functions that read a registry look it up in their module at call time: they see the copies.
         blocks = _code_blocks()
-        assert len(blocks) == 5, "a model, a loss, a metric, a schedule, a task"
+        assert len(blocks) == 7, "a model and its registration, a loss, a metric, a schedule, a task and its entry"
+        namespace = {"__name__": "make_it_yours"}  # One namespace: a registration block uses the block before.
         for block in blocks:
-            exec(compile(block, GUIDE, "exec"), {"__name__": "make_it_yours"})
+            exec(compile(block, GUIDE, "exec"), namespace)
         yield
 
 

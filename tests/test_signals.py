@@ -58,3 +58,34 @@ def test_sigterm_after_the_final_evaluation_saves_the_checkpoint_and_the_rerun_e
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "Resumed from" in rerun.stdout and "at step 20" in rerun.stdout and "nothing to train" in rerun.stdout
     assert os.path.isfile(os.path.join(export, "saved_model.pb"))
+
+
+def test_a_second_signal_inside_a_long_loop_stops_at_once(tmp_path, data_dir):
+    """Python handlers wait for the on-device loop to return; the watcher thread does not. The first SIGTERM is
+    logged as it arrives, the second ends the process (exit 3) long before the loop of 200,000 steps could end."""
+    import time
+
+    process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS,
+                                "--gin_param=TRAIN_STEPS=400000", "--gin_param=STEPS_PER_LOOP=200000",
+                                "--gin_param=CHECKPOINT_EVERY=0", f"--model_dir={tmp_path / 'run'}"], cwd=REPO_ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if "tracing and compiling" in line:
+                break
+        time.sleep(4)  # Inside the first loop (it takes minutes).
+        process.send_signal(signal.SIGTERM)
+        time.sleep(2)
+        sent_again = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        waited = time.monotonic() - sent_again
+    finally:
+        process.kill()
+    output = "".join(lines) + output
+    assert process.returncode == 3, output[-2000:]
+    assert waited < 20, waited  # At once, not at the end of the loop.
+    assert "SIGTERM received: stopping at the next point" in output and "received again: stopping at once" in output
+    assert "step 200000" not in output

@@ -136,6 +136,8 @@ class Controller:
         start_profiler_server(self._profiler_port)
         iterator = self._train_iterator()
         with stop_signals.honoured():
+            # A stop requested during start-up ends here, before the first loop's compile and steps.
+            stop_signals.stop_if_requested("before training started", "nothing was trained or written since")
             try:
                 while trainer.step < config.train_steps:
                     self._run_one_loop(iterator)

@@ -11,6 +11,7 @@ loop is one plain log line. Only the chief prints (`enabled=False` elsewhere).
 import collections
 import contextlib
 import logging
+import os
 import shutil
 import sys
 import time
@@ -137,7 +138,8 @@ class Progress:
 
 
 def _is_terminal(stream) -> bool:
+    """A terminal with a known width (a pseudo-terminal of size 0 x 0, as `script` gives, gets plain lines)."""
     try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
+        return stream.isatty() and os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, ValueError, OSError):
         return False

@@ -6,11 +6,15 @@ records the request (and logs it); the run then stops:
 - before training (start-up, building, restoring): at the next check, without writing anything (exit 3);
 - during training: at the next loop boundary, after a checkpoint (exit 3);
 - during the final evaluation or export: once the final checkpoint is written (exit 3).
-A second signal raises KeyboardInterrupt at once (train.py: "stopped by a second interrupt").
+A second signal stops the process at once (exit 3), even while the main thread is inside a long on-device loop:
+Python runs signal handlers only between bytecodes, so a watcher thread reads the signal numbers that the C-level
+handler writes to a wakeup pipe, logs the first at once and ends the process on the second (checkpoints saved
+before are intact; one being written is skipped on resume as damaged).
 """
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 
@@ -19,7 +23,8 @@ from common.errors import TrainingInterrupted
 log = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_state = {"depth": 0, "received": None, "previous": {}}
+EXIT_INTERRUPTED = TrainingInterrupted.exit_code
+_state = {"depth": 0, "received": None, "previous": {}, "seen": 0, "watcher": None}
 
 
 def _handler(signum, frame):
@@ -27,8 +32,46 @@ def _handler(signum, frame):
     if _state["received"] is not None:
         raise KeyboardInterrupt
     _state["received"] = signum
+    if _state["watcher"] is None:  # Else the watcher thread logged it when it arrived.
+        _log_first(signum)
+
+
+def _log_first(signum) -> None:
     log.warning("%s received: stopping at the next point where nothing is lost (send it again to stop at once).",
                 signal.Signals(signum).name)
+
+
+def _watch(read_fd: int) -> None:
+    """Runs in a daemon thread: sees each signal as it arrives, whatever the main thread is doing."""
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        for signum in data:
+            if signum not in _SIGNALS or _state["depth"] == 0:
+                continue
+            _state["seen"] += 1
+            if _state["seen"] == 1:
+                _log_first(signum)
+            else:
+                log.error("%s received again: stopping at once. Checkpoints saved before are intact; rerun the same "
+                          "command to resume.", signal.Signals(signum).name)
+                logging.shutdown()
+                os._exit(EXIT_INTERRUPTED)
+
+
+def _start_watcher() -> None:
+    """A wakeup pipe for the C-level signal handler and the thread that reads it (once per process)."""
+    if _state["watcher"] is not None:
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    _state["watcher"] = threading.Thread(target=_watch, args=(read_fd,), name="stop-signal-watcher", daemon=True)
+    _state["watcher"].start()
 
 
 @contextlib.contextmanager
@@ -38,7 +81,9 @@ def honoured():
     install = _state["depth"] == 0 and main_thread
     if install:
         _state["received"] = None
+        _state["seen"] = 0
         _state["previous"] = {signum: signal.signal(signum, _handler) for signum in _SIGNALS}
+        _start_watcher()
     elif main_thread:
         reclaim()
     _state["depth"] += 1
