@@ -23,7 +23,6 @@ clip_global_norm * scale is clipping the unscaled gradients at clip_global_norm.
 import keras
 import tensorflow as tf
 
-from common.errors import ConfigError
 from models import layers
 
 
@@ -77,7 +76,8 @@ def _already_summed(grads_and_vars):
 def check_per_example(per_example_loss: tf.Tensor, labels: tf.Tensor) -> None:
     """Rejects (at trace time) a loss function that averaged its output: it must return one loss per example."""
     if per_example_loss.shape.rank != 1 or per_example_loss.shape[0] != labels.shape[0]:
-        raise ConfigError(f"The loss function returned shape {per_example_loss.shape}; it must return per-example "
+        # ValueError, not ConfigError: AutoGraph keeps a ValueError's type, and turns other types into StagingError.
+        raise ValueError(f"The loss function returned shape {per_example_loss.shape}; it must return per-example "
                          f"losses of shape [{labels.shape[0]}] (reduction=None). Do not average: the training step "
                          "divides by the global batch size, which a per-replica mean gets wrong by the replica count.")
 
