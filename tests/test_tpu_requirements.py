@@ -90,9 +90,13 @@ def test_the_tag_check_fails_on_a_wheel_of_another_python():
 @pytest.mark.slow
 def test_pip_resolves_the_tpu_requirements_for_python_3_13(tmp_path):
     """The real resolver against the index (downloads wheel metadata; ~1-3 min with a warm pip cache)."""
+    # Without the loopback GCS server's proxy and CA (tests/gcs/emulator.py sets them for this process once a test
+    # has started it): pip must reach the real index.
+    environment = {name: value for name, value in os.environ.items()
+                   if name.lower() not in ("https_proxy", "http_proxy") and name not in ("CURL_CA_BUNDLE",)}
     wheels = tmp_path / "wheels"  # promise (a TFDS dependency) is an sdist only: a wheel of it, built here.
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "promise==2.3", "-w", str(wheels)],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=environment)
     assert built.returncode == 0, built.stderr[-3000:]
     report = tmp_path / "report.json"
     platforms = [argument for platform in PLATFORMS
@@ -101,7 +105,7 @@ def test_pip_resolves_the_tpu_requirements_for_python_3_13(tmp_path):
                              "--report", str(report), "--python-version", "3.13", "--only-binary=:all:", *platforms,
                              "--find-links", str(wheels), "--target", str(tmp_path / "target"),
                              "-r", "requirements-tpu.txt"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200)
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200, env=environment)
     assert result.returncode == 0, result.stderr[-3000:]
     installs = [{"name": item["metadata"]["name"], "version": item["metadata"]["version"],
                  "wheel": item["download_info"]["url"].rsplit("/", 1)[-1]}
