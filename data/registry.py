@@ -84,3 +84,22 @@ def get_dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
     except KeyError:
         raise ConfigError(f"Unknown DATASET={name!r}. Known datasets: {', '.join(sorted(DATASETS))}. Register a new "
                           "one in data/registry.py, or use 'tfds:NAME' for a staged TFDS dataset.") from None
+
+
+def bind_task(spec: DatasetSpec, builder, *, dataset: str) -> DatasetSpec:
+    """`spec` with its task completed from the prepared dataset `builder` (class names, feature statistics, a
+    vocabulary: Task.bind). A task that reads a feature the dataset lacks, or whose settings do not fit the data, is a
+    ConfigError naming DATASET, the task and the fix, before anything is built."""
+    features = builder.info.features
+    missing = [key for key in spec.task.keys if key not in features]
+    if missing:
+        raise ConfigError(f"DATASET={dataset!r}: its task {type(spec.task).__name__} reads the feature(s) "
+                          f"{', '.join(map(repr, missing))}, which {spec.tfds_name!r} does not have. Its features are "
+                          f"{', '.join(map(repr, features.keys()))}: set the task's keys to them (e.g. label_key=...) "
+                          "where the dataset is registered (data/registry.py).")
+    try:
+        return dataclasses.replace(spec, task=spec.task.bind(builder))
+    except ValueError as error:
+        raise ConfigError(f"DATASET={dataset!r}: its task {type(spec.task).__name__} does not fit the data: "
+                          f"{error} Fix the task's settings where the dataset is registered (data/registry.py).") \
+            from error

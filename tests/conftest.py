@@ -91,12 +91,15 @@ def clean_gin():
 
 
 @pytest.fixture(autouse=True)
-def float32_dtype_policy():
-    """Trainers set Keras' global dtype policy (PRECISION); the next test starts from float32 again."""
+def no_leaked_dtype_policy():
+    """A Trainer sets Keras' dtype policy (PRECISION) for its build only: a test that leaves another policy behind
+    (a leak the next model would inherit) fails."""
     yield
     import keras
 
+    policy = keras.config.dtype_policy().name
     keras.config.set_dtype_policy("float32")
+    assert policy == "float32", f"the test left Keras' global dtype policy at {policy!r}"
 
 
 @pytest.fixture

@@ -52,3 +52,70 @@ def test_exit_code_2_through_the_real_command_line(tmp_path):
     result = run_train_py("--gin_param=MODEL='nope'", f"--model_dir={tmp_path}")
     assert result.returncode == 2
     assert "Unknown MODEL='nope'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("gin_params, expected", [
+    # The text task gives the model a vocab_size; mlp takes none: the message names the model that fits.
+    (["DATASET='synthetic_reviews'"], "MODEL='mlp' does not fit DATASET='synthetic_reviews': its task "
+                                      "(TextClassification) gives the model vocab_size, which mlp() does not take. "
+                                      "Use a model built for this task (MODEL='transformer')"),
+    # The transformer needs a vocabulary size, which an image task does not give.
+    (["MODEL='transformer'"], "MODEL='transformer' does not fit DATASET='digits': its task (ImageClassification) does "
+                              "not give the model vocab_size, which transformer() needs. Use a model built for this "
+                              "task (MODEL='mlp', MODEL='cnn', MODEL='resnet')"),
+    # Given a vocabulary size by hand, it gets as far as its own check of the input shape.
+    (["MODEL='transformer'", "transformer.vocab_size=100"],
+     "MODEL='transformer' cannot be built for DATASET='digits' (inputs of shape (8, 8, 1), 10 outputs): transformer "
+     "takes token ids of shape (length,); got input_shape=(8, 8, 1). Use it with a text task"),
+])
+def test_a_model_that_does_not_fit_the_data_exits_2_naming_both(gin_params, expected, tmp_path, capsys, data_dir):
+    args = ["train.py", f"--gin_file={DIGITS}", f"--model_dir={tmp_path}"] + [f"--gin_param={p}" for p in gin_params]
+    assert train.main(args) == 2
+    assert expected in capsys.readouterr().err
+
+
+def _registered_with(monkeypatch, name: str, **task_changes) -> None:
+    import dataclasses
+
+    from data import registry
+
+    spec = registry.DATASETS[name]
+    monkeypatch.setitem(registry.DATASETS, name,
+                        dataclasses.replace(spec, task=dataclasses.replace(spec.task, **task_changes)))
+
+
+@pytest.mark.parametrize("dataset, gin_file, task_changes, expected", [
+    ("digits", DIGITS, {"label_key": "target"},
+     "DATASET='digits': its task ImageClassification reads the feature(s) 'target', which 'sklearn_digits' does not "
+     "have. Its features are 'image', 'label'"),
+    ("breast_cancer", "configs/experiments/breast_cancer_mlp.gin", {"features_key": "x"},
+     "its task TabularClassification reads the feature(s) 'x'"),
+    ("synthetic_reviews", "configs/experiments/synthetic_reviews_transformer.gin", {"text_key": "review"},
+     "its task TextClassification reads the feature(s) 'review', which 'synthetic_reviews' does not have"),
+    ("synthetic_reviews", "configs/experiments/synthetic_reviews_transformer.gin",
+     {"max_tokens": 4, "vocabulary": ("good", "bad", "not")},
+     "DATASET='synthetic_reviews': its task TextClassification does not fit the data: TextClassification vocabulary "
+     "has 3 words, more than max_tokens - 2 = 2"),
+])
+def test_a_task_that_does_not_fit_its_dataset_exits_2_before_training(dataset, gin_file, task_changes, expected,
+                                                                       tmp_path, capsys, monkeypatch, data_dir):
+    """A forker's task edit in data/registry.py (a wrong feature key, a vocabulary too big) is a clear error."""
+    _registered_with(monkeypatch, dataset, **task_changes)
+    assert train.main(["train.py", f"--gin_file={gin_file}", f"--model_dir={tmp_path}"]) == 2
+    assert expected in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_a_loss_that_returns_a_mean_exits_2_before_any_step(tmp_path, capsys, monkeypatch, data_dir):
+    """The silent factor-of-R bug, as a user would write it: a loss that averages. Rejected before training."""
+    import tensorflow as tf
+
+    from training import losses
+
+    monkeypatch.setitem(losses.LOSSES, "mean_loss", lambda labels, logits: tf.reduce_mean(
+        tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))
+    assert train.main(["train.py", f"--gin_file={DIGITS}", f"--model_dir={tmp_path}",
+                       "--gin_param=experiment.loss='mean_loss'"]) == 2
+    assert ("experiment.loss='mean_loss' returned () for a batch of 2 examples; a loss must return one loss per "
+            "example, shape [2]") in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "checkpoints")

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import REPO_ROOT, run_train_py
-from tpu_utils.launch_local import LocalJob, tf_configs
+from tpu_utils.local_cluster import LocalJob, tf_configs
 
 TOLERANCE = 1e-5  # float32 rounding over a few steps is ~1e-6 (README.md, "Why float64").
 # default.gin (the CNN) shrunk to two loops: synchronized BatchNormalization so that per-replica batch statistics, a
@@ -32,7 +32,8 @@ CNN_ARGS = ("--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10", "--gi
 
 
 def _launch(*train_args: str, workers: int = 2, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tpu_utils.launch_local", f"--workers={workers}", "--", *train_args],
+    launcher = os.path.join(REPO_ROOT, "scripts", "launch_local.py")
+    return subprocess.Popen([sys.executable, launcher, f"--workers={workers}", "--", *train_args],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
 

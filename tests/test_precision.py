@@ -155,3 +155,22 @@ def test_every_model_trains_in_float64_end_to_end(name, small_config):
     assert np.isfinite(metrics["loss"]) and 0 < metrics["loss"] < 10
     # Not rounded to float32 on the way out: float64 has bits below float32's 24-bit mantissa.
     assert metrics["loss"] != float(np.float32(metrics["loss"]))
+
+
+def test_building_a_trainer_leaves_no_process_wide_state_behind(small_config):
+    """A Trainer sets the dtype policy and the seeds for its build only (training/build_scope.py): the process's
+    policy and random generators are as before, while the same SEED still gives the same initial weights and another
+    SEED other weights (the control that shows the comparison can fail)."""
+    import random
+
+    import keras
+
+    random.seed(123)
+    python_state = random.getstate()
+    first = Trainer(small_config(precision="float64", seed=0), make_strategy("default"))
+    assert keras.config.dtype_policy().name == "float32" and random.getstate() == python_state
+    assert first.model.weights[0].dtype == "float64"  # The build itself ran in float64.
+    again = Trainer(small_config(precision="float64", seed=0), make_strategy("default"))
+    other = Trainer(small_config(precision="float64", seed=1), make_strategy("default"))
+    assert all(np.array_equal(a, b) for a, b in zip(first.model.get_weights(), again.model.get_weights(), strict=True))
+    assert not np.array_equal(first.model.get_weights()[0], other.model.get_weights()[0])

@@ -149,10 +149,20 @@ def test_float32_agrees_to_rounding_over_the_first_steps(data_dir):
 
 
 def test_a_loss_that_returns_a_mean_is_rejected(small_config, monkeypatch):
-    """A user loss that averages (shape []) instead of returning per-example losses fails at trace time."""
+    """A user loss that averages (shape []) instead of returning per-example losses fails before the check runs."""
+    from common.errors import ConfigError
     from training import losses
 
     monkeypatch.setitem(losses.LOSSES, "mean_loss", lambda labels, logits: tf.reduce_mean(
         tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))
-    with pytest.raises(ValueError, match="per-example losses"):
+    with pytest.raises(ConfigError, match="one loss per example"):
         replica_invariance.measure(small_config(model="mlp", loss="mean_loss"), [1], steps=1)
+
+
+def test_the_step_rejects_a_mean_loss_when_traced_too():
+    """The second line of defence, for a step built without a Trainer: check_per_example refuses a scalar."""
+    from training import step
+
+    with pytest.raises(ValueError, match="per-example losses of shape \\[4\\]"):
+        step.check_per_example(tf.zeros([]), tf.zeros([4]))
+    step.check_per_example(tf.zeros([4]), tf.zeros([4]))

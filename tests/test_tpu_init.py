@@ -14,7 +14,7 @@ import pytest
 from common.errors import ConfigError
 from tests.helpers import REPO_ROOT, run_train_py
 from tpu_utils import tpu_init
-from tpu_utils.launch_local import free_loopback_ports
+from tpu_utils.local_cluster import free_loopback_ports
 
 
 @pytest.mark.parametrize("tpu", ["local", "my-tpu-pod", "v3-32", "grpc://10.0.0.2:8470"])

@@ -1,8 +1,9 @@
 """Per-example losses by name (`experiment.loss`; None = the task's default).
 
 A loss function maps (targets [B], model outputs [B, C]) to per-example losses [B] and never averages: the training step
-divides by the *global* batch in one place (training/step.py). Returning a scalar is rejected when the step is
-traced, because a per-replica mean is the silent factor-of-R bug.
+divides by the *global* batch in one place (training/step.py). Returning a scalar (a per-replica mean is the silent
+factor-of-R bug) is rejected before training starts (`check_per_example_losses`, a ConfigError), and again when the
+step is traced.
 """
 
 import gin
@@ -40,3 +41,24 @@ def get_loss(name: str):
     except KeyError:
         raise ConfigError(f"Unknown loss {name!r}. Known losses: {', '.join(sorted(LOSSES))}. Register a new one "
                           "in training/losses.py.") from None
+
+
+def check_per_example_losses(loss_fn, name: str, target_spec: tf.TensorSpec, output) -> None:
+    """Traces `loss_fn` (named `name` in messages) on a symbolic batch of 2 targets like `target_spec` and model
+    outputs like `output` (a Keras tensor); a result that is not one loss per example is a ConfigError naming the fix.
+
+    Runs once when a Trainer is built, before any data is read or any step traced: inside the step's trace the same
+    mistake can only surface as an exception wrapped by AutoGraph. Models with several outputs are left to that
+    in-trace check."""
+    if not isinstance(output, keras.KerasTensor):
+        return
+    batch = 2
+    targets = tf.TensorSpec([batch, *target_spec.shape[1:]], target_spec.dtype)
+    outputs = tf.TensorSpec([batch, *output.shape[1:]], output.dtype)
+    result = tf.function(loss_fn).get_concrete_function(targets, outputs).structured_outputs
+    if not isinstance(result, tf.Tensor) or result.shape.as_list() != [batch]:
+        shape = result.shape if isinstance(result, tf.Tensor) else type(result).__name__
+        raise ConfigError(f"experiment.loss={name!r} returned {shape} for a batch of {batch} examples; a loss must "
+                          f"return one loss per example, shape [{batch}] (keras losses: reduction=None). Do not "
+                          "average: the training step divides by the global batch size, which a per-replica mean "
+                          "gets wrong by the replica count.")

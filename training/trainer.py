@@ -4,20 +4,22 @@ It knows how to run N training steps and one exact evaluation; it does not decid
 does). The replica-invariance check (training/replica_invariance.py) builds Trainers at several replica counts.
 """
 
-import dataclasses
+import inspect
 
+import gin
 import keras
 import tensorflow as tf
 
 from common.errors import ConfigError
 from data import pipeline
-from data.registry import get_dataset_spec
-from models.registry import get_model_builder
+from data.registry import bind_task, get_dataset_spec
+from models.registry import MODELS, get_model_builder
 from tpu_utils import loop
 from tpu_utils.strategy import io_device_for
 from training import step
+from training.build_scope import seeded_build
 from training.config import ExperimentConfig
-from training.losses import get_loss
+from training.losses import check_per_example_losses, get_loss
 from training.metrics import make_metrics
 from training.optimizers import make_optimizer
 
@@ -38,20 +40,13 @@ class Trainer:
         model_builder = get_model_builder(config.model)
         self.data = pipeline.load_builder(spec, config.data_dir)
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
-        self.dataset_spec = dataclasses.replace(spec, task=spec.task.bind(self.data))
+        self.dataset_spec = bind_task(spec, self.data, dataset=config.dataset)
         self.task = self.dataset_spec.task
         self.loss_fn = loss_fn = get_loss(config.loss or self.task.default_loss)
 
-        keras.mixed_precision.set_dtype_policy(config.precision)
-        keras.utils.set_random_seed(config.seed)  # Same SEED -> same initial weights and data order.
-        with strategy.scope():
-            try:
-                options = {**self.task.model_options(), **(model_options or {})}  # e.g. a vocabulary size.
-                self.model = model_builder(self.task.input_shape, self.task.output_size, **options)
-            except (ValueError, TypeError) as error:  # e.g. cnn.filters=(0,): Keras rejects the layer.
-                raise ConfigError(f"MODEL={config.model!r} cannot be built with its settings: "
-                                  f"{' '.join(str(error).split())[:300]} Fix its gin bindings "
-                                  f"(e.g. {config.model}.<argument>=...).") from error
+        # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
+        with seeded_build(config.precision, config.seed), strategy.scope():
+            self.model = _build_model(config, model_builder, self.task, model_options)
             self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
                                             schedule=config.lr_schedule, train_steps=config.train_steps)
             if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
@@ -79,6 +74,8 @@ class Trainer:
         self.eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(
             self.dataset_spec, self.data, global_batch_size=config.eval_batch_for(strategy.num_replicas_in_sync))
         self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
+        _, target_spec, _ = self.eval_input_fn(tf.distribute.InputContext()).element_spec
+        check_per_example_losses(loss_fn, config.loss or self.task.default_loss, target_spec, self.model.output)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
 
     def restore(self, checkpoint_path: str) -> None:
@@ -123,3 +120,46 @@ class Trainer:
         self._eval_loop(iter(self._eval_dataset), tf.constant(self._eval_steps, tf.int32))
         return {"loss": float(self.eval_loss.result().numpy()),
                 **{metric.name: metric.result() for metric in self.eval_metrics}}
+
+
+
+def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None) -> keras.Model:
+    """The model for `task`: the builder called with the task's input shape, output size and options (e.g. a text
+    task's vocab_size), then `overrides`. A model that cannot take this task's inputs is a ConfigError naming both."""
+    options = {**task.model_options(), **(overrides or {})}
+    unexpected, missing = _mismatch(config.model, builder, options)
+    if unexpected or missing:
+        fitting = ", ".join(f"MODEL={name!r}" for name, other in MODELS.items()
+                            if _mismatch(name, other, options) == ([], [])) or "none is registered"
+        problem = (f"gives the model {', '.join(unexpected)}, which {config.model}() does not take" if unexpected else
+                   f"does not give the model {', '.join(missing)}, which {config.model}() needs")
+        raise ConfigError(f"MODEL={config.model!r} does not fit DATASET={config.dataset!r}: its task "
+                          f"({type(task).__name__}) {problem}. Use a model built for this task ({fitting}), or "
+                          "change your model builder's arguments.")
+    try:
+        return builder(task.input_shape, task.output_size, **options)
+    except (ValueError, TypeError) as error:  # e.g. cnn.filters=(0,): Keras rejects the layer.
+        message = " ".join(str(error).split("\n")[0].split())[:300]  # Without gin's "In call to configurable".
+        raise ConfigError(f"MODEL={config.model!r} cannot be built for DATASET={config.dataset!r} (inputs of shape "
+                          f"{task.input_shape}, {task.output_size} outputs): {message} Fix its gin bindings "
+                          f"({config.model}.<argument>=...), or use a model built for this kind of input.") from error
+
+
+def _mismatch(name: str, builder, options: dict) -> tuple[list[str], list[str]]:
+    """(options the builder does not take, keyword arguments it needs that neither `options` nor gin give)."""
+    parameters = list(inspect.signature(builder).parameters.values())
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        return [], []
+    unexpected = [option for option in options if option not in {parameter.name for parameter in parameters}]
+    missing = [parameter.name for parameter in parameters[2:]  # After (input_shape, num_classes).
+               if parameter.default is parameter.empty and parameter.name not in options
+               and not _bound_in_gin(f"{name}.{parameter.name}")]
+    return unexpected, missing
+
+
+def _bound_in_gin(binding: str) -> bool:
+    try:
+        gin.query_parameter(binding)
+        return True
+    except ValueError:
+        return False

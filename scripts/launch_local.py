@@ -1,0 +1,49 @@
+"""Runs a multi-worker job on this machine, to try MultiWorkerMirroredStrategy before renting several machines.
+
+  python scripts/launch_local.py --workers 2 -- --gin_file=configs/experiments/digits_mlp.gin --model_dir=runs/mw
+
+Starts WORKERS processes of `train.py ARGS --gin_param=STRATEGY='multi_worker_mirrored'`, each with its own TF_CONFIG
+on free 127.0.0.1 ports (worker 0 is the chief), and forwards their output line by line with a `[worker N]` prefix.
+When a worker fails, the others are stopped (SIGTERM, then SIGKILL after --grace_seconds) and the launcher exits with
+that worker's exit code; SIGINT/SIGTERM to the launcher is passed on the same way. A worker whose peer never starts
+exits on its own after experiment.startup_timeout_seconds.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
+
+from tpu_utils.local_cluster import LocalJob  # noqa: E402
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STRATEGY_PARAM = "--gin_param=STRATEGY='multi_worker_mirrored'"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2, help="number of worker processes (>= 1)")
+    parser.add_argument("--grace_seconds", type=float, default=10.0,
+                        help="after SIGTERM, how long a worker may take to stop before SIGKILL")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of train.py")
+    args = parser.parse_args(argv)
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    if args.workers < 1:
+        parser.error(f"--workers={args.workers} must be >= 1.")
+    command = [sys.executable, os.path.join(REPO_ROOT, "train.py"), *train_args, STRATEGY_PARAM]
+    job = LocalJob(command, args.workers, args.grace_seconds)
+
+    def forward_signal(signum, frame):
+        print(f"[launcher] {signal.Signals(signum).name}: stopping the workers.", flush=True)
+        threading.Thread(target=job.stop, daemon=True).start()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward_signal)
+    return job.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
