@@ -122,11 +122,15 @@ class TextClassification(Task):
                 return tf.where(found, tf.gather(tf.constant(ids), index), OOV_ID)
 
             token_ids = tf.ragged.map_flat_values(lookup, words)
-        return token_ids.to_tensor(default_value=PADDING_ID, shape=[None, self.sequence_length])
+        return token_ids.to_tensor(default_value=PADDING_ID, shape=[texts.shape[0], self.sequence_length])
 
     def prepare(self, example, features, *, seed=None):
         token_ids = self.tokenize(tf.reshape(example[self.text_key], [1]))[0]
         return tf.ensure_shape(token_ids, (self.sequence_length,)), example[self.label_key]
+
+    def prepare_batch(self, examples, features, *, seeds):
+        """The whole batch tokenised at once (the same ids as `prepare` per example; no randomness)."""
+        return self.tokenize(examples[self.text_key]), examples[self.label_key]
 
     def serving_signature(self):
         return {"text": tf.TensorSpec([None], tf.string, name="text")}

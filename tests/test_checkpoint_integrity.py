@@ -157,3 +157,33 @@ def test_a_checkpoint_holding_nan_counts_as_damaged(tmp_path):
     poisoned = tf.train.Checkpoint(weights=weights).write(str(tmp_path / "ckpt-2"))
     assert verify(finite) is None
     assert verify(poisoned).startswith("holds non-finite values")
+
+
+@pytest.mark.parametrize("error", ["UnavailableError", "DeadlineExceededError", "PermissionDeniedError"])
+def test_a_storage_that_does_not_answer_is_not_a_damaged_checkpoint(error, runs, tmp_path, monkeypatch):
+    """A gs:// outage while the newest checkpoint is read must not skip it and resume from an older one (losing the
+    steps between): it is a StorageError and nothing changes. The outage is simulated (TensorFlow's reader raises
+    the error gs:// gives) since taking a real server down between two reads is not deterministic; a real damaged
+    file still falls back (the control, above and here)."""
+    import tensorflow as tf
+
+    from common.errors import StorageError
+    from training import checkpoints
+
+    model_dir, directory = _copy(runs, tmp_path)
+    state_before = open(os.path.join(directory, "checkpoint")).read()
+    real_load = tf.train.load_checkpoint
+
+    def flaky_load(prefix):
+        if prefix.endswith("ckpt-30"):
+            raise getattr(tf.errors, error)(None, None, "Error executing an HTTP request: couldn't connect")
+        return real_load(prefix)
+
+    monkeypatch.setattr(tf.train, "load_checkpoint", flaky_load)
+    store = checkpoints.CheckpointStore(tf.train.Checkpoint(), read_dir=directory, write_dir=directory, keep=3)
+    with pytest.raises(StorageError, match="ckpt-30 failed .* whether it is intact is unknown"):
+        store.find_restorable()
+    assert open(os.path.join(directory, "checkpoint")).read() == state_before
+    monkeypatch.setattr(tf.train, "load_checkpoint", real_load)
+    _flip_a_bit(_data_file(directory, 30))  # Control: real damage still falls back to step 20.
+    assert store.find_restorable() == os.path.join(directory, "ckpt-20")

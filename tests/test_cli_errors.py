@@ -25,6 +25,9 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
     (["experiment.optimizer='lion'"], "Unknown optimizer 'lion'"),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
+    # A misspelt best metric: refused before training, not at the first evaluation hours later.
+    (["BEST_METRIC='eval/acuracy'", "EVAL_EVERY=100000"],
+     "BEST_METRIC='eval/acuracy': the evaluation reports no 'acuracy' (it reports loss, accuracy)"),
 ])
 def test_bad_config_exits_2_with_a_clear_message(gin_params, expected, tmp_path, capsys, data_dir):
     args = ["train.py", f"--gin_file={DIGITS}", f"--model_dir={tmp_path}"] + [f"--gin_param={p}" for p in gin_params]

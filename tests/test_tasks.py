@@ -128,3 +128,38 @@ def test_a_metric_that_does_not_fit_the_task_is_a_config_error(data_dir, dataset
     config = _shipped("configs/experiments/digits_mlp.gin", f"DATASET='{dataset}'", f"experiment.metrics={metrics}")
     with pytest.raises(ConfigError, match=message):
         Trainer(config, make_strategy("default"))
+
+
+@pytest.mark.parametrize("dataset, augment", [("digits", False), ("digits", True), ("breast_cancer", False),
+                                              ("synthetic_housing", False), ("synthetic_reviews", False)])
+def test_each_tasks_batch_preparation_equals_its_per_example_preparation(dataset, augment, data_dir):
+    """Training prepares whole batches (Task.prepare_batch) for speed; evaluation and serving prepare one example at
+    a time (Task.prepare). They must agree exactly, or a model is trained on other inputs than it is scored on.
+    `augment`: digits with a random crop/flip keyed by per-example seeds (CIFAR-10's augmentation on 8x8 images)."""
+    import dataclasses
+
+    from data import pipeline, registry
+
+    spec = registry.DATASETS[dataset]
+    if augment:
+        spec = dataclasses.replace(spec, task=dataclasses.replace(spec.task, augment=_flip_and_crop_8))
+    builder = pipeline.load_builder(spec, data_dir)
+    spec = registry.bind_task(spec, builder, dataset=dataset)
+    features = builder.info.features
+    examples = next(iter(pipeline._encoded_split(spec, builder, spec.train_split).batch(64)))
+    seeds = tf.random.stateless_uniform([64, 2], seed=[1, 2], minval=0, maxval=2 ** 31 - 1, dtype=tf.int32)
+    inputs, targets = spec.task.prepare_batch(examples, features, seeds=seeds)
+    for index in range(64):
+        example = {key: value[index] for key, value in examples.items()}
+        one_input, one_target = spec.task.prepare(example, features, seed=seeds[index])
+        np.testing.assert_array_equal(inputs[index].numpy(), one_input.numpy(), err_msg=f"example {index}")
+        np.testing.assert_array_equal(targets[index].numpy(), one_target.numpy())
+    if augment:  # Control: the augmentation depends on the seed, so a mix-up of seeds would show.
+        shuffled, _ = spec.task.prepare_batch(examples, features, seeds=tf.reverse(seeds, [0]))
+        assert not np.array_equal(shuffled.numpy(), inputs.numpy())
+
+
+def _flip_and_crop_8(image, seed):
+    padded = tf.pad(image, [[1, 1], [1, 1], [0, 0]], mode="REFLECT")
+    image = tf.image.stateless_random_crop(padded, [8, 8, image.shape[-1]], seed=seed)
+    return tf.image.stateless_random_flip_left_right(image, seed=seed)

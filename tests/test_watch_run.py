@@ -188,6 +188,24 @@ def test_the_best_checkpoint_and_export_are_those_of_the_best_evaluation(full_ru
     assert _eval_accuracy(os.path.join(full_run, "export", "60")) == pytest.approx(accuracies[-1], abs=1e-6)
 
 
+def test_a_damaged_best_checkpoint_is_exit_2_before_training_resumes(full_run, tmp_path):
+    """best/ is read when the run resumes, not at the first new best mid-run (where exit 2, "before training", would
+    be a lie and hours of accelerator time would be spent first). Nothing is written."""
+    import shutil
+
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(full_run, model_dir)
+    for name in glob.glob(os.path.join(model_dir, "best", "ckpt-*.index")):
+        open(name, "wb").close()
+    before = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
+    result = run_train_py(*MLP, "--gin_param=TRAIN_STEPS=80", "--gin_param=EVAL_EVERY=10",
+                          "--gin_param=CHECKPOINT_EVERY=20", "--gin_param=LEARNING_RATE=0.5",
+                          "--gin_param=BEST_METRIC='eval/accuracy'", f"--model_dir={model_dir}")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"{model_dir}/best holds checkpoint files but no intact checkpoint" in result.stderr
+    assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == before
+
+
 def _events(directory: str):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -7,11 +7,12 @@ the best one would rotate away in a long run whose metric peaks early. Off unles
 saves (saving takes part in collectives); only the chief's files are kept.
 """
 
-import json
 import logging
 
 import tensorflow as tf
 
+from common.errors import StorageError
+from common.storage_errors import describe
 from tpu_utils.strategy import io_device_for
 from training.checkpoints import CheckpointStore
 from training.export import export_saved_model
@@ -30,19 +31,24 @@ class BestKeeper:
                                      options=tf.train.CheckpointOptions(
                                          experimental_io_device=io_device_for(trainer.strategy, write_dir)),
                                      verify_saves=run_dir.is_chief)
-        self._found = False
+
+    def resume(self, *, writable: bool) -> None:
+        """Learns of a previous best (a resumed run), so that it rotates away when a better one comes. Called before
+        training: damaged files in best/ are an error now (exit 2), not in the middle of the run."""
+        self.store.find_restorable(writable=writable)
 
     def keep(self, best: dict) -> None:
         """Checkpoints and exports the current weights as the best (`best`: {'step', 'metric', 'mode', 'value'})."""
-        if not self._found:  # Learns of a previous best (a resumed run), so that one rotates away.
-            self.store.find_restorable(writable=self.run_dir.is_chief)
-            self._found = True
         path = self.store.save(best["step"])
         export = self.run_dir.export_dir("best")
-        export_saved_model(self.trainer.model, self.trainer.task, export,
-                           io_device=io_device_for(self.trainer.strategy, export))
+        try:
+            export_saved_model(self.trainer.model, self.trainer.task, export,
+                               io_device=io_device_for(self.trainer.strategy, export))
+        except tf.errors.OpError as error:
+            raise StorageError(f"Exporting the best model to {export} failed ({describe(error)}). Its checkpoint "
+                               f"{path} is intact: fix the storage and rerun the same command (training resumes "
+                               "from the last checkpoint).") from error
         if self.run_dir.is_chief:
-            with tf.io.gfile.GFile(tf.io.gfile.join(self.run_dir.best_dir, "best.json"), "w") as handle:
-                handle.write(json.dumps({**best, "checkpoint": path, "export": export}, indent=2, sort_keys=True))
+            self.run_dir.write_json("best/best.json", {**best, "checkpoint": path, "export": export})
             log.info("Best %s so far (%.4f at step %d): kept %s and exported %s.", best["metric"], best["value"],
                      best["step"], path, export)

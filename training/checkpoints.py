@@ -46,14 +46,26 @@ def checkpoint_steps(directory: str) -> list[int]:
     return sorted({int(match.group(1)) for match in map(_FILE.match, names) if match})
 
 
+# Errors of the storage rather than of the file (gs:// outages, expired credentials, rate limits).
+_UNANSWERED = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.PermissionDeniedError,
+               tf.errors.UnauthenticatedError, tf.errors.ResourceExhaustedError, tf.errors.AbortedError)
+
+
 def verify(prefix: str) -> str | None:
-    """None if the checkpoint at `prefix` reads back whole and finite; else what is wrong with it (one line)."""
+    """None if the checkpoint at `prefix` reads back whole and finite; else what is wrong with it (one line).
+
+    A storage that does not answer (or refuses) is a StorageError, never "damaged": the caller would otherwise skip
+    an intact checkpoint and resume from an older one, losing the steps in between."""
     try:
         reader = tf.train.load_checkpoint(prefix)
         for key in reader.get_variable_to_dtype_map():
             value = reader.get_tensor(key)  # Reads the bytes from the data shard and checks their crc32c.
             if isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.all(np.isfinite(value)):
                 return f"holds non-finite values ({key})"
+    except _UNANSWERED as error:  # The storage failed, not the file: skipping it would resume from an older one.
+        raise StorageError(f"Reading the checkpoint {prefix} failed ({describe(error)}): whether it is intact is "
+                           "unknown, so nothing was changed. Check that the storage is reachable and readable "
+                           "(e.g. `gcloud storage ls` the folder), then rerun: the run resumes from it.") from error
     except Exception as error:  # noqa: BLE001 - a damaged file fails in many ways (OpError, IndexError, ...).
         message = getattr(error, "message", None) or str(error)
         if isinstance(error, tf.errors.NotFoundError) or not tf.io.gfile.exists(prefix + ".index"):

@@ -64,7 +64,8 @@ class Controller:
         self.summaries = Summaries(run_dir)
         self.progress = Progress(config.train_steps, config.global_batch_size, enabled=run_dir.is_chief)
         self.history = History(run_dir, metric=config.best_metric or "eval/loss",
-                               mode=config.best_mode if config.best_metric else "auto")
+                               mode=config.best_mode if config.best_metric else "auto",
+                               evaluated=("loss", *(metric.name for metric in trainer.eval_metrics)))
         self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
         self.profiler = Profiler(check_profile_steps(config.profile_steps), run_dir.model_dir,
                                  enabled=run_dir.is_chief)
@@ -95,6 +96,8 @@ class Controller:
                                                           model_dir=self.run_dir.model_dir) from error
             self._saved_step = self.trainer.step
             log.info("Resumed from %s at step %d.", latest, self.trainer.step)
+        if self.best is not None:
+            self.best.resume(writable=writable and self.run_dir.is_chief)
         self.history.resume(self.trainer.step, rewrite=writable)
         return self.trainer.step
 

@@ -7,7 +7,10 @@ class id and its name). Reload with `tf.saved_model.load(path)` and call
 
 The SavedModel is written to a temporary sibling folder and renamed into place, so `export/<step>/` either holds a
 complete SavedModel or does not exist (a full disk or a kill mid-export leaves no half-written version for a
-server to pick up).
+server to pick up). gs:// has no folder rename (TensorFlow copies object by object), so there the files are copied
+with `saved_model.pb` last, and an old version loses its `saved_model.pb` first: TF Serving and
+`tf.saved_model.load` see a folder without it as no SavedModel, so a kill mid-copy leaves nothing loadable
+half-written (the folder may hold stray variable files until the next export of that step replaces it).
 """
 
 import uuid
@@ -37,10 +40,27 @@ def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_de
     try:
         tf.saved_model.save(module, temporary, signatures={"serving_default": signature},
                             options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
-        if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again.
+        if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again; export/best every new best.
+            if tf.io.gfile.exists(f"{export_dir}/{MARKER}"):
+                tf.io.gfile.remove(f"{export_dir}/{MARKER}")  # No longer a SavedModel from here on.
             tf.io.gfile.rmtree(export_dir)
-        tf.io.gfile.rename(temporary, export_dir)
+        _move(temporary, export_dir)
     finally:
         if tf.io.gfile.exists(temporary):
             tf.io.gfile.rmtree(temporary)
     return export_dir
+
+
+MARKER = "saved_model.pb"  # What makes a folder a SavedModel for its readers.
+
+
+def _move(source: str, target: str) -> None:
+    """Renames folder `source` to `target`; on gs:// copies its files with MARKER last (see the module docstring)."""
+    if not target.startswith("gs://"):
+        tf.io.gfile.rename(source, target)
+        return
+    files = [f"{folder}/{name}" for folder, _, names in tf.io.gfile.walk(source) for name in names]
+    for path in sorted(files, key=lambda path: path == f"{source}/{MARKER}"):  # False first: MARKER last.
+        destination = target + path[len(source):]
+        tf.io.gfile.makedirs(destination.rsplit("/", 1)[0])
+        tf.io.gfile.copy(path, destination, overwrite=True)

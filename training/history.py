@@ -56,13 +56,20 @@ def read_records(path: str) -> list[dict]:
 class History:
     """Appends records to model_dir/metrics.jsonl and keeps the best evaluation by `metric` ('eval/accuracy')."""
 
-    def __init__(self, run_dir, *, metric: str = "eval/loss", mode: str = "auto", clock=time.time):
+    def __init__(self, run_dir, *, metric: str = "eval/loss", mode: str = "auto",
+                 evaluated: tuple[str, ...] | None = None, clock=time.time):
+        """`evaluated`: the names an evaluation reports ('loss' and the metrics); `metric` must be one of them,
+        checked now rather than at the first evaluation, which may be hours of accelerator time away."""
         self.run_dir = run_dir
         self.path = run_dir.path(FILE)
         kind, _, name = metric.partition("/")
         if kind != "eval" or not name:
             raise ConfigError(f"BEST_METRIC={metric!r} must name an evaluation metric, e.g. 'eval/accuracy' or "
                               "'eval/loss'.")
+        if evaluated is not None and name not in evaluated:
+            raise ConfigError(f"BEST_METRIC={metric!r}: the evaluation reports no {name!r} (it reports "
+                              f"{', '.join(evaluated)}). Use one of those, e.g. 'eval/{evaluated[-1]}', or add the "
+                              "metric to experiment.metrics.")
         self.metric, self.metric_name, self.mode = metric, name, best_mode(metric, mode)
         self.clock = clock
         self._keys: set = set()
@@ -81,8 +88,8 @@ class History:
                      len(kept), step, len(records) - len(kept))
         self._keys = {(record["kind"], record["step"]) for record in kept}
         self.best = None
-        for record in kept:
-            if record["kind"] == "eval":
+        for record in kept:  # An evaluation from before experiment.metrics changed may lack the metric: skipped.
+            if record["kind"] == "eval" and self.metric_name in record["metrics"]:
                 self._consider(record["step"], record["metrics"])
 
     def record(self, kind: str, step: int, metrics: dict, **extra) -> bool:

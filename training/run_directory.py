@@ -77,9 +77,10 @@ class RunDirectory:
     def write_text(self, name: str, text: str) -> None:
         if not self.is_chief:
             return
-        temporary = self.path(f".{name}.tmp")
+        folder, _, base = name.rpartition("/")  # `name` may be in a subfolder, e.g. 'best/best.json'.
+        temporary = self.path(folder, f".{base}.tmp") if folder else self.path(f".{base}.tmp")
         try:
-            tf.io.gfile.makedirs(self.model_dir)
+            tf.io.gfile.makedirs(self.path(folder) if folder else self.model_dir)
             with tf.io.gfile.GFile(temporary, "w") as handle:
                 handle.write(text)
             tf.io.gfile.rename(temporary, self.path(name), overwrite=True)  # Readers never see a half-written file.
