@@ -24,6 +24,7 @@ import importlib
 import logging
 import math
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -97,7 +98,22 @@ def reads_by_shard(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> bool
         return spec.read_by_shard
     if spec.train_split not in builder.info.splits:
         return False  # No metadata (TFDS's mock data): nothing large.
-    return builder.info.splits[spec.train_split].num_bytes > IN_MEMORY_LIMIT_BYTES
+    return in_memory_bytes(spec, builder) > IN_MEMORY_LIMIT_BYTES
+
+
+def in_memory_bytes(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> int:
+    """What the train split takes in memory: features the task reads decoded (fixed-size images: pixels, not PNG
+    bytes) at their decoded size, at least the encoded size of the split."""
+    split = builder.info.splits[spec.train_split]
+    skipped = spec.task.decoders(builder.info.features)
+    decoded = 0
+    for key in spec.task.keys:
+        feature = builder.info.features[key]
+        shape = getattr(feature, "shape", None)
+        if key in skipped or shape is None or None in shape:
+            continue  # Kept encoded, or of no fixed size: counted in the encoded size.
+        decoded += int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(feature.dtype).size
+    return max(split.num_bytes, split.num_examples * decoded)
 
 
 def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
@@ -124,7 +140,7 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
                           f"{spec.tfds_name}:{spec.train_split}; use a smaller batch.")
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        # The split in memory, for random access by index (a few MB to ~150 MB for the shipped datasets); images
+        # The split in memory (in_memory_bytes: a few MB to ~150 MB for the shipped datasets), for random access; images
         # the task can use decoded are decoded here, once, not per drawn example.
         examples = _encoded_split(spec, builder, spec.train_split).batch(num_examples).get_single_element()
         seed_tensor = tf.constant(seed, tf.int64)
@@ -196,8 +212,8 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
 
 
 def _encoded_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:
-    """The split in file order, as dicts of the task's features; images still encoded (decoded per example, after
-    shuffling)."""
+    """The split in file order, as dicts of the task's features, decoded as the task's `decoders` say (fixed-size
+    images decoded; images with their own decoder, such as ImageNet's JPEGs, still encoded)."""
     keys = spec.task.keys
     missing = [key for key in keys if key not in builder.info.features]
     if missing:

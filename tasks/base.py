@@ -1,8 +1,9 @@
 """The task seam: what is learned from a dataset's examples, in one object a forker edits.
 
 A Task says
-- which features of a TFDS example it reads (`keys`), and which to keep encoded in memory (`decoders`: images stay
-  compressed until an example is drawn);
+- which features of a TFDS example it reads (`keys`), and which to keep encoded in memory (`decoders`: by default
+  every feature is decoded once when the split is read; images with their own decoder, such as ImageNet's
+  JPEGs, stay compressed until an example is drawn);
 - how one example becomes (model input, target): `prepare(example, features, seed=...)`; `seed` is given for
   training examples only (stateless augmentation, a pure function of SEED and the example's position);
 - the model's input shape and output size, the per-example loss and the metrics it reports by default;

@@ -127,3 +127,28 @@ def test_the_training_loss_is_the_data_loss_and_the_regularization_is_apart(smal
     assert metrics["loss"] == pytest.approx(expected_loss, rel=1e-5)
     assert metrics["regularization"] == pytest.approx(expected_regularization, rel=1e-5)
     assert metrics["regularization"] > 0.01 * metrics["loss"]  # Large enough that mixing them up would show.
+
+
+def test_eval_mode_whose_record_fails_warns_and_does_not_evaluate_twice(tmp_path, data_dir, monkeypatch, caplog):
+    """--mode=eval prints the metrics, then records them; a storage failure while recording is a warning with the
+    metrics kept, not a second pass over the eval split (50,000 images on ImageNet). The failure is simulated
+    (write_metrics raises the StorageError a full disk gives) to keep it to the recording step."""
+    import train
+    from common.errors import StorageError
+    from training.run_directory import RunDirectory
+
+    args = ["train.py", "--gin_file=configs/experiments/digits_mlp.gin", f"--model_dir={tmp_path}",
+            "--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10", "--gin_param=EVAL_EVERY=10",
+            "--gin_param=cosine.warmup_steps=5"]
+    assert train.main(args) == 0
+    evaluations = []
+    real_evaluate = Trainer.evaluate
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: evaluations.append(1) or real_evaluate(self))
+
+    def full_disk(self, *args, **kwargs):
+        raise StorageError("Writing metrics.json failed (disk full).")
+
+    monkeypatch.setattr(RunDirectory, "write_metrics", full_disk)
+    assert train.main([*args, "--mode=eval"]) == 0
+    assert evaluations == [1]
+    assert "computed but not recorded" in caplog.text

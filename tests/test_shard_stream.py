@@ -105,6 +105,20 @@ def test_splits_over_the_memory_limit_are_read_by_shard(sharded_digits, monkeypa
     assert pipeline.reads_by_shard(default, sharded_digits)
 
 
+def test_the_memory_estimate_counts_images_decoded_when_the_task_decodes_them(sharded_digits):
+    """Fixed-size images are held decoded (pixels, not PNG bytes), so the in-memory size is the larger of the
+    encoded split and examples x (8 x 8 uint8 image + int64 label); a task that keeps images encoded (its own
+    decoder, as ImageNet's) counts the encoded bytes only."""
+    import dataclasses
+
+    default = get_dataset_spec("digits")
+    split = sharded_digits.info.splits["train"]
+    assert pipeline.in_memory_bytes(default, sharded_digits) == max(split.num_bytes, split.num_examples * (64 + 8))
+    keeps_encoded = dataclasses.replace(default.task, train_decoder=lambda image, seed: image)
+    encoded = dataclasses.replace(default, task=keeps_encoded)
+    assert pipeline.in_memory_bytes(encoded, sharded_digits) == max(split.num_bytes, split.num_examples * 8)
+
+
 def test_more_hosts_than_shard_files_is_a_config_error(sharded_digits):
     with pytest.raises(ConfigError, match="7 shard files, fewer than the 8 input pipelines"):
         shard_stream.shard_plan(sharded_digits, "train", seed=0, context=tf.distribute.InputContext(8, 0, 8))

@@ -190,13 +190,17 @@ class Controller:
                                   "Rerun the same command to resume.")
 
     def evaluate(self, *, record: bool = True) -> dict:
-        """Exact evaluation now; logs it and, when `record`, writes eval summaries and metrics.json."""
+        """Exact evaluation now; logs it and, when `record`, records it (`record_evaluation`)."""
         started = time.perf_counter()
         evaluation = self.trainer.evaluate()
         step, seconds = self.trainer.step, time.perf_counter() - started
         self.progress.show_eval(step, evaluation, seconds)
-        if not record:
-            return {"step": step, "train": self._train_metrics, "eval": evaluation}
+        if record:
+            return self.record_evaluation(step, evaluation, seconds)
+        return {"step": step, "train": self._train_metrics, "eval": evaluation}
+
+    def record_evaluation(self, step: int, evaluation: dict, seconds: float) -> dict:
+        """Writes an evaluation's summaries, metrics.jsonl record and metrics.json, and keeps a new best."""
         self.summaries.scalars("eval", step, evaluation)
         new_best = self.history.record_eval(step, evaluation, seconds)
         # The chief's history decides for every worker (they all save, or none does: saving is collective).

@@ -7,6 +7,7 @@ arguments and never reads gin.
 import contextlib
 import inspect
 import logging
+import time
 
 import gin
 
@@ -93,13 +94,16 @@ def _lock_for(mode: str, run_dir: RunDirectory):
 
 
 def _evaluate(controller: Controller, *, recorded: bool) -> dict:
+    """--mode=eval: evaluates once; a failure to record it is a warning (the metrics were printed), not a rerun."""
+    started = time.perf_counter()
+    result = controller.evaluate(record=False)
     if not recorded:
-        return controller.evaluate(record=False)
+        return result
     try:
-        return controller.evaluate()
+        return controller.record_evaluation(result["step"], result["eval"], time.perf_counter() - started)
     except StorageError as error:
         log.warning("%s The metrics above were computed but not recorded.", error)
-        return controller.evaluate(record=False)
+        return result
 
 
 def model_settings(model_name: str) -> dict:
