@@ -32,7 +32,11 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["LEARNING_RATE=-0.1"], "LEARNING_RATE=-0.1 must be a finite number > 0"),
     (["PRECISION='float8'"], "PRECISION='float8' is not one of"),
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
-    (["experiment.optimizer='lion'"], "Unknown optimizer 'lion'"),
+    (["experiment.optimizer='lion'"], "experiment.optimizer='lion' is unknown. Known: adam, adamw, sgd; e.g. "
+                                      "--gin_param=\"experiment.optimizer='adam'\", or register one in "
+                                      "training/optimizers.py."),
+    (["experiment.lr_schedule='step'"], "experiment.lr_schedule='step' is unknown. Known: constant, cosine; e.g. "
+                                        "--gin_param=\"experiment.lr_schedule='cosine'\""),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
 ])
 def test_bad_config_exits_2_with_a_clear_message(gin_params, expected, tmp_path, capsys, data_dir):
