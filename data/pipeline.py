@@ -30,7 +30,7 @@ import tensorflow_datasets as tfds
 from common.errors import ConfigError
 from common.storage_errors import describe
 from data import shard_stream
-from data.registry import DATASETS, DatasetSpec
+from data.registry import DatasetSpec, stage_name
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +101,6 @@ def download_errors() -> tuple[type[BaseException], ...]:
 
     return (requests.exceptions.RequestException, urllib.error.URLError, socket.gaierror, ConnectionError,
             TimeoutError, tfds.download.DownloadError)
-
-
-def stage_name(tfds_name: str) -> str:
-    """What `python -m data.stage --dataset=` takes for `tfds_name`: its DATASET name when one is registered (so a
-    bundled builder's module is imported), else tfds:NAME."""
-    return next((name for name, spec in DATASETS.items() if spec.tfds_name == tfds_name), f"tfds:{tfds_name}")
 
 
 def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:
