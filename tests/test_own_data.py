@@ -188,10 +188,22 @@ def _bad_inputs(root) -> dict:
              y_test=np.zeros(2, int))
     with open(f"{root}/train.csv", "w") as handle:
         handle.write("a,b,label\n1,2,0\n3,4,1\n")
+    with open(f"{root}/ragged.csv", "w") as handle:
+        handle.write("a,b,label\n1,2,0\n3,4,5,1\n")
+    open(f"{root}/empty-0.tfrecord", "wb").close()
+    tfrecords = "--features=x:float32[4],label:int64"
     _write_images(f"{root}/images", {"train": 2, "test": 1})
     tf.io.write_file(f"{root}/images/test/red/big.png", tf.io.encode_png(np.zeros((9, 9, 3), np.uint8)))
     return {
         "missing file": ([f"--from_npz={root}/nothing.npz"], ["nothing.npz", "no such file"]),
+        "missing CSV file": ([f"--from_csv=train={root}/nothing.csv,test={root}/train.csv"],
+                             ["nothing.csv", "no such file", "Pass an existing CSV path"]),
+        "wrong field count": ([f"--from_csv=train={root}/ragged.csv,test={root}/train.csv"],
+                              ["ragged.csv, line 3: 4 fields, the header has 3", "Fix or remove that line"]),
+        "glob without files": ([f"--from_tfrecord=train={root}/none-*.tfrecord,test={root}/none-*.tfrecord",
+                                tfrecords], ["none-*.tfrecord", "matches no file", "Check the folder"]),
+        "files without records": ([f"--from_tfrecord=train={root}/empty-*.tfrecord,test={root}/empty-*.tfrecord",
+                                   tfrecords], ["holds no records", "empty-0.tfrecord", "Check that the glob"]),
         "missing label column": ([f"--from_csv=train={root}/train.csv,test={root}/train.csv", "--label=species"],
                                  ["--label='species'", "columns", "'a', 'b', 'label'"]),
         "inconsistent shapes": ([f"--from_npz={root}/wide.npz"], ["different shapes", "(3,)", "(5,)"]),
