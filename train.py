@@ -59,7 +59,14 @@ def _main(argv: list[str]) -> int:
 
         prepare_tpu_environment()
 
-    from common.errors import EXIT_PREFLIGHT_FAILED, ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
+    from common.errors import (
+        EXIT_PREFLIGHT_FAILED,
+        ConfigError,
+        NonFiniteLossError,
+        StorageError,
+        TrainingInterrupted,
+        user_message,
+    )
     from training import config_files
 
     gin_files = args.gin_file or [DEFAULT_GIN_FILE]
@@ -73,8 +80,7 @@ def _main(argv: list[str]) -> int:
             return 0 if experiment.preflight(model_dir=model_dir) else EXIT_PREFLIGHT_FAILED
         result = experiment.run(model_dir=model_dir, mode=args.mode, command=shlex.join(argv))
     except (ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted) as error:
-        message = str(error).split("\n  In call to configurable")[0]  # gin appends where a configurable failed.
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        print(f"error: {user_message(error)}", file=sys.stderr, flush=True)
         return error.exit_code
     except KeyboardInterrupt:
         print("error: stopped by a second interrupt, before the current step's checkpoint was written; the "

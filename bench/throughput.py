@@ -76,7 +76,6 @@ class Case:
             self.keras_model.compile(optimizer=keras.optimizers.SGD(config.learning_rate, momentum=0.9),
                                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                                      metrics=["accuracy"], steps_per_execution=100, jit_compile=False)
-        self.keras_dataset = (strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
         self.strategy = strategy
         self._guide_step = self._make_guide_step(tf)
 

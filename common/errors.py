@@ -10,6 +10,12 @@ EXIT_NON_FINITE_LOSS = 4
 EXIT_PREFLIGHT_FAILED = 5
 
 
+def user_message(error: BaseException) -> str:
+    """The error's message for an `error:` line: without the "In call to configurable ..." lines gin appends when
+    the error was raised inside a configurable (they name gin's internals, not the setting to fix)."""
+    return str(error).split("\n  In call to configurable")[0]
+
+
 class ConfigError(ValueError):
     """Bad input or configuration, detected before any training step (exit code 2).
 

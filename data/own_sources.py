@@ -75,7 +75,8 @@ def read_csv(paths: dict[str, str], label: str) -> dict:
     splits, header = {}, None
     for split, path in paths.items():
         if not tf.io.gfile.exists(path):
-            raise ConfigError(f"--from_csv: {split}={path!r}: no such file.")
+            raise ConfigError(f"--from_csv: {split}={path!r}: no such file. Pass an existing CSV path (local or "
+                              "gs://), e.g. --from_csv=train=train.csv,test=test.csv.")
         with tf.io.gfile.GFile(path, "r") as handle:
             rows = [row for row in csv.reader(handle) if row]
         if not rows or label not in rows[0]:
@@ -89,7 +90,8 @@ def read_csv(paths: dict[str, str], label: str) -> dict:
         values, labels = [], []
         for number, row in enumerate(rows[1:], start=2):
             if len(row) != len(header):
-                raise ConfigError(f"{path}, line {number}: {len(row)} fields, the header has {len(header)}.")
+                raise ConfigError(f"{path}, line {number}: {len(row)} fields, the header has {len(header)}. Fix or "
+                                  "remove that line (a value with a comma needs quotes).")
             try:
                 values.append([float(cell) for position, cell in enumerate(row) if position != index])
             except ValueError as error:
@@ -150,7 +152,9 @@ def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
     for split, pattern in patterns.items():
         files = sorted(tf.io.gfile.glob(pattern))
         if not files:
-            raise ConfigError(f"--from_tfrecord: {split}={pattern!r} matches no file.")
+            raise ConfigError(f"--from_tfrecord: {split}={pattern!r} matches no file. Check the folder and the file "
+                              "names (quote the glob so the shell does not expand it), e.g. "
+                              "--from_tfrecord='train=data/train-*.tfrecord,test=data/test-*.tfrecord'.")
         try:
             inputs, labels = zip(*tf.data.TFRecordDataset(files).map(parse).as_numpy_iterator(), strict=True)
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
@@ -158,7 +162,9 @@ def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
                               f"({error.message.splitlines()[0][:300]}). Give each feature's dtype and shape as "
                               "stored.") from None
         except ValueError:  # zip of nothing: empty files.
-            raise ConfigError(f"--from_tfrecord: {split}={pattern!r} holds no records.") from None
+            raise ConfigError(f"--from_tfrecord: {split}={pattern!r} holds no records (the files {files[:3]} are "
+                              "empty). Check that the glob names the files the data were written to, and that the "
+                              "writer was closed (tf.io.TFRecordWriter flushes on close).") from None
         splits[split] = (_stack(inputs, f"--from_tfrecord {split}"), np.asarray(labels))
     return splits
 

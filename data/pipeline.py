@@ -31,7 +31,7 @@ import tensorflow_datasets as tfds
 from common.errors import ConfigError
 from common.storage_errors import describe
 from data import shard_stream
-from data.registry import DATASETS, DatasetSpec
+from data.registry import DatasetSpec, stage_name
 
 log = logging.getLogger(__name__)
 
@@ -58,26 +58,50 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
     if builder.is_prepared():
         return False
     instructions = (getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or "").strip()
-    stage_command = (f"python -m data.stage --dataset={stage_name(builder.name)} --manual_dir=DIR "
-                     f"--data_dir={builder.data_dir_root}")
+    def stage_command(manual_dir: str) -> str:
+        return (f"python -m data.stage --dataset={stage_name(builder.name)} --manual_dir={manual_dir} "
+                f"--data_dir={builder.data_dir_root}")
+
     if instructions and not (download_config and download_config.manual_dir):
         # Nothing can be built without the manually downloaded files: say so before writing anything.
         raise ConfigError(f"{builder.name!r} is not prepared in {builder.data_dir_root} and has no download. "
-                          f"{' '.join(instructions.split())} Then stage it once: {stage_command}")
+                          f"{' '.join(instructions.split())} Then stage it once: {stage_command('DIR')}")
     log.info("Preparing TFDS dataset %r in %s (once).", builder.name, builder.data_dir)
     tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
     try:
         builder.download_and_prepare(download_config=download_config)
     except AssertionError as error:  # How TFDS builders report missing or incomplete manual downloads.
-        raise ConfigError(f"Cannot prepare {builder.name!r} from {download_config.manual_dir}: "
-                          f"{' '.join(str(error).split())}") from error
+        detail = " ".join(str(error).split())[:500].rstrip(".")
+        manual_dir = download_config.manual_dir if download_config else None
+        if manual_dir:
+            instructions = " ".join(instructions.split()).rstrip(".")
+            named = f" ({instructions})" if instructions and instructions not in detail else ""
+            raise ConfigError(f"Cannot prepare {builder.name!r} from {manual_dir}: {detail}. Check that {manual_dir} "
+                              f"holds the files the instructions name{named}, then rerun: "
+                              f"{stage_command(manual_dir)}") from error
+        raise ConfigError(f"Cannot prepare {builder.name!r} in {builder.data_dir_root}: {detail}. TFDS builders fail "
+                          "this way when source files are missing or incomplete: if it reads manually downloaded "
+                          f"files, put them in a folder DIR and stage it once: {stage_command('DIR')}") from error
+    except download_errors() as error:
+        detail = " ".join(str(error).split())[:300]
+        raise ConfigError(f"Downloading {builder.name!r} failed ({type(error).__name__}: {detail}): this machine "
+                          "cannot reach its source. Stage it where there is internet (python -m data.stage "
+                          f"--dataset={stage_name(builder.name)} --data_dir=DIR), copy DIR here or to gs://, and pass "
+                          "DATA_DIR=DIR.") from error
     return True
 
 
-def stage_name(tfds_name: str) -> str:
-    """What `python -m data.stage --dataset=` takes for `tfds_name`: its DATASET name when one is registered (so a
-    bundled builder's module is imported), else tfds:NAME."""
-    return next((name for name, spec in DATASETS.items() if spec.tfds_name == tfds_name), f"tfds:{tfds_name}")
+def download_errors() -> tuple[type[BaseException], ...]:
+    """What a TFDS download raises when the source cannot be reached: requests' errors (HTTP), urllib's (FTP), a
+    failed name lookup or connection, and TFDS's DownloadError (an HTTP status other than 200). Most are OSErrors:
+    they must be told apart from a DATA_DIR that cannot be written (load_builder)."""
+    import socket
+    import urllib.error
+
+    import requests
+
+    return (requests.exceptions.RequestException, urllib.error.URLError, socket.gaierror, ConnectionError,
+            TimeoutError, tfds.download.DownloadError)
 
 
 def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:

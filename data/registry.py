@@ -86,6 +86,12 @@ def get_dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
                           "one in data/registry.py, or use 'tfds:NAME' for a staged TFDS dataset.") from None
 
 
+def stage_name(tfds_name: str) -> str:
+    """What `python -m data.stage --dataset=` takes for `tfds_name`: its DATASET name when one is registered (so a
+    bundled builder's module is imported), else tfds:NAME."""
+    return next((name for name, spec in DATASETS.items() if spec.tfds_name == tfds_name), f"tfds:{tfds_name}")
+
+
 def bind_task(spec: DatasetSpec, builder, *, dataset: str) -> DatasetSpec:
     """`spec` with its task completed from the prepared dataset `builder` (class names, feature statistics, a
     vocabulary: Task.bind). A task that reads a feature the dataset lacks, or whose settings do not fit the data, is a

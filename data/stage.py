@@ -100,23 +100,32 @@ def main(argv: list[str]) -> int:
 
     try:
         built = stage(args.dataset, args.data_dir, args.manual_dir) if args.dataset else stage_own(args)
+        name = args.dataset or args.name
+        print(f"{name}: {'built into' if built else 'already staged in'} {args.data_dir}"
+              f"{'' if built else ' (nothing to do; --force rebuilds)' if args.name else ' (nothing to do)'}. "
+              f"Use DATA_DIR='{args.data_dir}'.", flush=True)
+        if args.name:
+            _print_how_to_train(args.name, args.data_dir)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
-    name = args.dataset or args.name
-    print(f"{name}: {'built into' if built else 'already staged in'} {args.data_dir}"
-          f"{'' if built else ' (nothing to do; --force rebuilds)' if args.name else ' (nothing to do)'}. "
-          f"Use DATA_DIR='{args.data_dir}'.", flush=True)
-    if args.name:
-        _print_how_to_train(args.name, args.data_dir)
     return 0
 
 
 def _print_how_to_train(name: str, data_dir: str) -> None:
-    """The gin lines that train the staged dataset, and the DatasetSpec it stands for (to register and edit)."""
+    """The gin lines that train the staged dataset, and the DatasetSpec it stands for (to register and edit); when
+    no shipped task fits its features, that, and what to do (the data is staged all the same)."""
+    from common.errors import ConfigError
     from data.staged_spec import registry_lines, spec_from_metadata
 
-    spec = spec_from_metadata(name, data_dir)
+    try:
+        spec = spec_from_metadata(name, data_dir)
+    except ConfigError as error:
+        print(f"The data is staged, but no shipped task fits it: {error}\n"
+              f"To train it: add a DatasetSpec(tfds_name=\"{name}\", ...) with a task for these features to DATASETS "
+              f"in data/registry.py (README, 'Bring your own data'; tasks/ has the shipped tasks), then pass "
+              f"DATASET='<its key>' and DATA_DIR='{data_dir}'.", flush=True)
+        return
     config = STARTING_CONFIGS.get(type(spec.task).__name__, "configs/default.gin")
     print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
           f"--gin_param=\"DATA_DIR='{data_dir}'\" --model_dir=runs/{name}\n"

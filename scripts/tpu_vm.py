@@ -39,6 +39,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
 
+from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED  # noqa: E402
 from tpu_utils.cloud_tpu import Gcloud, LauncherError  # noqa: E402
 from tpu_utils.remote_job import parse_poll, poll_command, start_command, started_pid, stop_command  # noqa: E402
 from tpu_utils.tpu_facts import RuntimeFacts  # noqa: E402
@@ -54,8 +55,7 @@ INSTALL = ("sudo apt-get update -qq && sudo apt-get install -y -qq python3.11 py
 ALIGN_TPU_SERVER = ("sudo sed -i 's|TF_DOCKER_URL=[^\" ]*|TF_DOCKER_URL={image}|' {unit} && grep -q {image} {unit} && "
                     "sudo systemctl daemon-reload && sudo systemctl restart tpu-runtime")
 TPU_RUNTIME_UNIT = "/etc/systemd/system/tpu-runtime.service"
-EXIT_CONFIG_ERROR, EXIT_INTERRUPTED = 2, 3
-RETRYABLE_EXIT_CODES = (3, 143, -15)  # train.py's SIGTERM exit; killed by SIGTERM (shell, Python).
+RETRYABLE_EXIT_CODES = (EXIT_INTERRUPTED, 143, -15)  # train.py's SIGTERM exit; killed by SIGTERM (shell, Python).
 GONE_STATES = ("PREEMPTED", "TERMINATED", "NOT_FOUND")
 _IMAGE = re.compile(r"[\w./:@-]+")
 _TF_RUNTIME = re.compile(r"tpu-vm-tf-(\d+\.\d+)[.\w]*?(-pod)?(?:-pjrt|-se)?")
@@ -116,11 +116,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def install(gcloud: Gcloud, args, pod: bool) -> None:
-    archive = os.path.join(tempfile.gettempdir(), f"{REMOTE_DIR}.tgz")
-    gcloud.run("tar", "czf", archive, "--exclude=.venv", "--exclude=.git", "--exclude=runs", "--exclude=__pycache__",
-               "--exclude=.pytest_cache", "-C", REPO_ROOT, ".")
-    gcloud.run("gcloud", "compute", "tpus", "tpu-vm", "scp", archive, f"{args.name}:~/{REMOTE_DIR}.tgz", *gcloud.base,
-               "--worker=all")
+    # A fresh archive per launch: two launches at once (or another user's) must not share or overwrite one file.
+    handle, archive = tempfile.mkstemp(prefix=f"{REMOTE_DIR}-", suffix=".tgz")
+    os.close(handle)
+    try:
+        gcloud.run("tar", "czf", archive, "--exclude=.venv", "--exclude=.git", "--exclude=runs",
+                   "--exclude=__pycache__", "--exclude=.pytest_cache", "-C", REPO_ROOT, ".")
+        gcloud.run("gcloud", "compute", "tpus", "tpu-vm", "scp", archive, f"{args.name}:~/{REMOTE_DIR}.tgz",
+                   *gcloud.base, "--worker=all")
+    finally:
+        os.remove(archive)
     gcloud.ssh(INSTALL, worker="all")
     if pod and args.tpu_server_image:
         gcloud.ssh(ALIGN_TPU_SERVER.format(image=args.tpu_server_image, unit=TPU_RUNTIME_UNIT), worker="all")

@@ -16,14 +16,27 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["DATASET='imagenet21k'"], "Unknown DATASET='imagenet21k'"),
     (["STRATEGY='mirrored'", "VIRTUAL_DEVICES=3", "GLOBAL_BATCH_SIZE=64"],
      "GLOBAL_BATCH_SIZE=64 does not divide by the 3 replicas of this strategy. Use a multiple of 3, e.g. 63 or 66"),
-    (["TRAIN_STEPS=0"], "TRAIN_STEPS=0 must be an integer >= 1"),
+    (["TRAIN_STEPS=0"], 'TRAIN_STEPS=0 must be an integer >= 1; e.g. --gin_param="TRAIN_STEPS=1000"'),
     (["TRAIN_STEPS=-5"], "TRAIN_STEPS=-5 must be an integer >= 1"),
     (["STEPS_PER_LOOP=0"], "STEPS_PER_LOOP=0 must be an integer >= 1"),
-    (["EVAL_EVERY=150"], "EVAL_EVERY=150 must be a multiple of STEPS_PER_LOOP=100"),
+    (["EVAL_EVERY=150"], "EVAL_EVERY=150 must be a multiple of STEPS_PER_LOOP=100 (the host only acts between loops); "
+                         'e.g. --gin_param="EVAL_EVERY=200"'),
+    # Fields without a macro in configs/base.gin are named as they are set: experiment.<field>.
+    (["experiment.checkpoints_to_keep=0"], "experiment.checkpoints_to_keep=0 must be an integer >= 1; e.g. "
+                                           '--gin_param="experiment.checkpoints_to_keep=3"'),
+    (["experiment.startup_timeout_seconds=0"], "experiment.startup_timeout_seconds=0 must be an integer >= 1; e.g. "
+                                               '--gin_param="experiment.startup_timeout_seconds=300"'),
+    (["experiment.target_replicas=-8"], "experiment.target_replicas=-8 must be an integer >= 0"),
+    (["experiment.clip_global_norm=-1.0"], "experiment.clip_global_norm=-1.0 must be > 0, or None to disable "
+                                           'clipping; e.g. --gin_param="experiment.clip_global_norm=1.0"'),
     (["LEARNING_RATE=-0.1"], "LEARNING_RATE=-0.1 must be a finite number > 0"),
     (["PRECISION='float8'"], "PRECISION='float8' is not one of"),
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
-    (["experiment.optimizer='lion'"], "Unknown optimizer 'lion'"),
+    (["experiment.optimizer='lion'"], "experiment.optimizer='lion' is unknown. Known: adam, adamw, sgd; e.g. "
+                                      "--gin_param=\"experiment.optimizer='adam'\", or register one in "
+                                      "training/optimizers.py."),
+    (["experiment.lr_schedule='step'"], "experiment.lr_schedule='step' is unknown. Known: constant, cosine; e.g. "
+                                        "--gin_param=\"experiment.lr_schedule='cosine'\""),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
     # A misspelt best metric: refused before training, not at the first evaluation hours later.
     (["BEST_METRIC='eval/acuracy'", "EVAL_EVERY=100000"],

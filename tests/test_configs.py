@@ -38,6 +38,20 @@ def test_every_gin_file_parses_and_has_a_header(path):
     assert gin.query_parameter("experiment.model") is not None
 
 
+def test_error_messages_name_exactly_the_macros_base_gin_defines():
+    """training/config.py names a field by its macro only when configs/base.gin binds it to one (else an error would
+    tell the user to set a macro that does not exist); every other field is experiment.<field>."""
+    import re
+
+    from training.config import MACRO_FIELDS, setting
+
+    text = open(os.path.join(REPO_ROOT, "configs", "base.gin")).read()
+    bound = dict(re.findall(r"^experiment\.(\w+) = %(\w+)$", text, re.MULTILINE))
+    assert all(macro == field.upper() for field, macro in bound.items()), bound
+    assert MACRO_FIELDS == set(bound)
+    assert setting("checkpoints_to_keep") == "experiment.checkpoints_to_keep" and setting("seed") == "SEED"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda path: os.path.relpath(path, REPO_ROOT))
 def test_every_experiment_runs_two_loops(path, tmp_path, data_dir):

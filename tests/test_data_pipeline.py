@@ -1,8 +1,14 @@
-"""Training data order is a pure function of (SEED, step), whatever the replica or host count."""
+"""Training data order is a pure function of (SEED, step), whatever the replica or host count; a dataset that cannot
+be prepared is a ConfigError naming the fix."""
+
+import socket
 
 import numpy as np
+import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
 
+from common.errors import ConfigError
 from data import pipeline
 from data.registry import get_dataset_spec
 
@@ -56,3 +62,40 @@ def test_seed_changes_the_order(data_dir):
     a = _batches(data_dir, seed=0)[0][0][1]
     b = _batches(data_dir, seed=1)[0][0][1]
     assert not np.array_equal(a, b)
+
+
+def test_an_unreachable_download_says_to_stage_it_elsewhere_not_to_change_data_dir(tmp_path, monkeypatch):
+    """DATASET='mnist' on a machine that cannot reach the internet. Simulated, so that the test neither leaves the
+    machine nor waits on a DNS or connect timeout: the MNIST builder's source URL points at a loopback port that
+    refuses connections (a socket bound, never listening), and TFDS's 10 retries with back-off are cut to none. The
+    real TFDS download code runs and raises what it raises offline: requests' ConnectionError, an OSError, which
+    used to be reported as an unusable DATA_DIR."""
+    from tensorflow_datasets.core.download import downloader
+
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))
+        monkeypatch.setattr(tfds.builder_cls("mnist"), "URL", f"http://127.0.0.1:{refusing.getsockname()[1]}/")
+        monkeypatch.setattr(downloader, "MAX_RETRIES", 0)
+        with pytest.raises(ConfigError) as raised:
+            pipeline.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
+    message = str(raised.value)
+    assert "Downloading 'mnist' failed (ConnectionError: " in message and "127.0.0.1" in message, message
+    assert ("this machine cannot reach its source. Stage it where there is internet (python -m data.stage "
+            "--dataset=mnist --data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR.") in message, message
+    assert "cannot be used" not in message
+
+
+def test_a_builder_assertion_without_a_manual_dir_is_a_config_error_naming_the_stage_command(tmp_path, monkeypatch):
+    """TFDS builders report missing or incomplete source files with an AssertionError. load_builder passes no
+    download_config, which the message used to read: an AttributeError hid the builder's own words."""
+    spec = get_dataset_spec("digits")
+    builder_class = type(pipeline.find_builder(spec.tfds_name, str(tmp_path), module=spec.module))
+
+    def incomplete_source(self, dl_manager):
+        raise AssertionError("digits.csv not found")
+
+    monkeypatch.setattr(builder_class, "_split_generators", incomplete_source)
+    with pytest.raises(ConfigError) as raised:
+        pipeline.load_builder(spec, str(tmp_path))
+    assert (f"Cannot prepare 'sklearn_digits' in {tmp_path}: digits.csv not found. " in str(raised.value)
+            and f"python -m data.stage --dataset=digits --manual_dir=DIR --data_dir={tmp_path}" in str(raised.value))

@@ -62,6 +62,9 @@ def test_staging_imagenet_without_the_tar_files_says_where_to_put_them(tmp_path)
     assert result.returncode == 2, result.stderr
     assert f"Cannot prepare 'imagenet2012' from {tmp_path}/empty" in result.stderr
     assert "ILSVRC2012_img_train.tar" in result.stderr
+    assert (f"Check that {tmp_path}/empty holds the files the instructions name, then" in result.stderr
+            and f"then rerun: python -m data.stage --dataset=imagenet2012 --manual_dir={tmp_path}/empty "
+                f"--data_dir={tmp_path}/tfds" in result.stderr), result.stderr
 
 
 def test_staging_from_the_tar_files_builds_the_dataset(tmp_path):

@@ -168,16 +168,42 @@ def test_a_bundled_builder_stages_by_its_tfds_name(tmp_path):
     assert result.returncode == 0 and "built into" in result.stdout, result.stderr[-2000:]
 
 
+def test_staged_data_that_no_shipped_task_fits_is_staged_and_says_what_to_do(tmp_path, capsys):
+    """Images with float labels (regression on images: no shipped task): the stage succeeds (exit 0), then says that
+    no task fits and how to add one, instead of a traceback after the data was written."""
+    images = np.random.default_rng(0).integers(0, 255, (10, 4, 4, 1)).astype(np.uint8)
+    np.savez(tmp_path / "image_scores.npz", x_train=images[:6], y_train=np.linspace(0, 1, 6, dtype=np.float32),
+             x_test=images[6:], y_test=np.linspace(0, 1, 4, dtype=np.float32))
+    assert _stage("--name=image_scores", f"--data_dir={tmp_path}/tfds", f"--from_npz={tmp_path}/image_scores.npz") == 0
+    out = capsys.readouterr().out
+    assert f"image_scores: built into {tmp_path}/tfds" in out
+    assert "The data is staged, but no shipped task fits it: DATASET='tfds:image_scores': no task fits" in out
+    assert ('add a DatasetSpec(tfds_name="image_scores", ...) with a task for these features to DATASETS in '
+            "data/registry.py") in out
+
+
 def _bad_inputs(root) -> dict:
     """{case: (arguments, words the one error line must hold)}."""
     np.savez(f"{root}/wide.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4, int), x_test=np.zeros((2, 5)),
              y_test=np.zeros(2, int))
     with open(f"{root}/train.csv", "w") as handle:
         handle.write("a,b,label\n1,2,0\n3,4,1\n")
+    with open(f"{root}/ragged.csv", "w") as handle:
+        handle.write("a,b,label\n1,2,0\n3,4,5,1\n")
+    open(f"{root}/empty-0.tfrecord", "wb").close()
+    tfrecords = "--features=x:float32[4],label:int64"
     _write_images(f"{root}/images", {"train": 2, "test": 1})
     tf.io.write_file(f"{root}/images/test/red/big.png", tf.io.encode_png(np.zeros((9, 9, 3), np.uint8)))
     return {
         "missing file": ([f"--from_npz={root}/nothing.npz"], ["nothing.npz", "no such file"]),
+        "missing CSV file": ([f"--from_csv=train={root}/nothing.csv,test={root}/train.csv"],
+                             ["nothing.csv", "no such file", "Pass an existing CSV path"]),
+        "wrong field count": ([f"--from_csv=train={root}/ragged.csv,test={root}/train.csv"],
+                              ["ragged.csv, line 3: 4 fields, the header has 3", "Fix or remove that line"]),
+        "glob without files": ([f"--from_tfrecord=train={root}/none-*.tfrecord,test={root}/none-*.tfrecord",
+                                tfrecords], ["none-*.tfrecord", "matches no file", "Check the folder"]),
+        "files without records": ([f"--from_tfrecord=train={root}/empty-*.tfrecord,test={root}/empty-*.tfrecord",
+                                   tfrecords], ["holds no records", "empty-0.tfrecord", "Check that the glob"]),
         "missing label column": ([f"--from_csv=train={root}/train.csv,test={root}/train.csv", "--label=species"],
                                  ["--label='species'", "columns", "'a', 'b', 'label'"]),
         "inconsistent shapes": ([f"--from_npz={root}/wide.npz"], ["different shapes", "(3,)", "(5,)"]),

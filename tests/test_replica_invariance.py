@@ -166,3 +166,18 @@ def test_the_step_rejects_a_mean_loss_when_traced_too():
     with pytest.raises(ValueError, match="per-example losses of shape \\[4\\]"):
         step.check_per_example(tf.zeros([]), tf.zeros([4]))
     step.check_per_example(tf.zeros([4]), tf.zeros([4]))
+
+
+@pytest.mark.parametrize("replicas", ["1,x", "1,,2", "0,2"])
+def test_bad_replicas_exit_2_naming_the_value_and_the_fix(replicas, capsys):
+    assert replica_invariance.main(["replica_invariance", f"--gin_file={DEFAULT}", f"--replicas={replicas}"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: --replicas={replicas!r}: expected comma-separated integers "
+                                               ">= 1, e.g. --replicas=1,2,4,8.")
+
+
+def test_a_bad_config_is_one_error_line_without_gins_call_context(capsys):
+    """gin appends "In call to configurable 'experiment' ..." to errors raised in a configurable; train.py and the
+    check both drop it (common.errors.user_message)."""
+    assert replica_invariance.main(["replica_invariance", f"--gin_file={DEFAULT}", "--gin_param=TRAIN_STEPS=0"]) == 2
+    assert capsys.readouterr().err.strip() == ('error: TRAIN_STEPS=0 must be an integer >= 1; e.g. '
+                                               '--gin_param="TRAIN_STEPS=1000".')

@@ -122,3 +122,12 @@ def test_the_memory_estimate_counts_images_decoded_when_the_task_decodes_them(sh
 def test_more_hosts_than_shard_files_is_a_config_error(sharded_digits):
     with pytest.raises(ConfigError, match="7 shard files, fewer than the 8 input pipelines"):
         shard_stream.shard_plan(sharded_digits, "train", seed=0, context=tf.distribute.InputContext(8, 0, 8))
+
+
+def test_a_split_without_shard_metadata_names_the_stage_command_to_run(tmp_path):
+    """A builder whose dataset is not prepared in DATA_DIR: the exact command, with this DATASET name and folder."""
+    builder = pipeline.find_builder(SPEC.tfds_name, str(tmp_path), module=SPEC.module)
+    with pytest.raises(ConfigError) as raised:
+        shard_stream.check_readable(builder, "train")
+    assert str(raised.value).endswith(f"prepare the dataset there first: python -m data.stage --dataset=digits "
+                                      f"--data_dir={tmp_path}"), raised.value

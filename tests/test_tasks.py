@@ -123,6 +123,7 @@ def test_regression_metrics_equal_numpy_over_the_whole_split(data_dir, replicas)
     ("digits", "['auc']", "is for two classes"),
     ("digits", "['top_11_accuracy']", "between 1 and the 10 classes"),
     ("digits", "['f1']", "Unknown metric 'f1'"),
+    ("digits", "['accuracy', 'loss']", "'loss' is always reported; do not list it in experiment.metrics"),
 ])
 def test_a_metric_that_does_not_fit_the_task_is_a_config_error(data_dir, dataset, metrics, message):
     config = _shipped("configs/experiments/digits_mlp.gin", f"DATASET='{dataset}'", f"experiment.metrics={metrics}")

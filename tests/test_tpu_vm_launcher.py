@@ -140,6 +140,14 @@ def test_the_job_runs_detached_its_whole_log_is_streamed_then_the_tpu_is_deleted
     assert _steps(result.stdout, 0) == list(range(30))  # Every line once, in order.
     assert "TPU_ACCELERATOR_TYPE=v5litepod-8" in result.stdout  # Seen by train.py on the worker.
     assert _compact(verbs) == ["tpu-vm:create", "tpu-vm:scp", "ssh...", "tpu-vm:delete"]
+    # The copied archive is this launch's own temporary file (not a fixed path another launch would overwrite),
+    # deleted once copied.
+    temp_dir = fake_gcloud.env["TMPDIR"]
+    calls = [json.loads(line) for line in open(os.path.join(temp_dir, "calls.jsonl"))]
+    (archive,) = [call[4] for call in calls if call[:4] == ["compute", "tpus", "tpu-vm", "scp"]]
+    assert os.path.dirname(archive) == temp_dir and archive.endswith(".tgz")
+    assert os.path.basename(archive) != "tpu-template.tgz" and not os.path.exists(archive)
+    assert not [name for name in os.listdir(temp_dir) if name.endswith(".tgz")]
 
 
 def test_an_ssh_drop_mid_run_keeps_the_tpu_and_the_log_resumes(fake_gcloud):

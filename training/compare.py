@@ -7,14 +7,15 @@ Reads each run directory (local or gs://): operative_config.gin (the gin configu
 the settings that differ, the last step, the final eval metrics, and the best value of `--metric` (default: the
 metric the runs kept their best by, else eval/loss) with its step. `--plot` writes a PNG of the eval curves (needs
 matplotlib, pinned in requirements-dev.txt; the table needs nothing beyond TensorFlow). Exit 0, or 2 when a path is
-not a run directory or the plot cannot be drawn.
+not a run directory, its metrics.json is corrupt, or the plot cannot be drawn or written.
 """
 
 import argparse
-import json
 import os
 import re
 import sys
+
+from common.errors import ConfigError
 
 _BINDING = re.compile(r"^([A-Za-z_][\w./]*)\s*=\s*(.*)$")
 
@@ -42,6 +43,7 @@ class Run:
         import tensorflow as tf
 
         from training.history import read_records
+        from training.run_directory import RunDirectory
 
         self.path = path.rstrip("/")
         config_path = tf.io.gfile.join(self.path, "operative_config.gin")
@@ -50,11 +52,7 @@ class Run:
                                     "that train.py wrote.")
         with tf.io.gfile.GFile(config_path) as handle:
             self.config = parse_operative_config(handle.read())
-        summary_path = tf.io.gfile.join(self.path, "metrics.json")
-        self.summary = {}
-        if tf.io.gfile.exists(summary_path):
-            with tf.io.gfile.GFile(summary_path) as handle:
-                self.summary = json.load(handle)
+        self.summary = RunDirectory(self.path).read_json("metrics.json") or {}  # A ConfigError naming a corrupt one.
         self.evals = [record for record in read_records(tf.io.gfile.join(self.path, "metrics.jsonl"))
                       if record["kind"] == "eval"]
 
@@ -75,11 +73,20 @@ def default_metric(runs: list[Run]) -> str:
     return "eval/loss"
 
 
+def recorded_mode(runs: list[Run], metric: str) -> str | None:
+    """The mode ('max' or 'min') a run kept its best `metric` by (metrics.json "best", from BEST_MODE), if any."""
+    for run in runs:
+        best = run.summary.get("best") or {}
+        if best.get("metric") == metric and best.get("mode") in ("max", "min"):
+            return best["mode"]
+    return None
+
+
 def table(runs: list[Run], labels: list[str], metric: str) -> str:
     """The comparison as aligned text: a row per differing setting and per metric, a column per run."""
     from training.history import best_mode
 
-    mode = best_mode(metric, "auto")
+    mode = recorded_mode(runs, metric) or best_mode(metric, "auto")
     keys = sorted(set().union(*(run.config for run in runs)))
     differing = [key for key in keys if len({run.config.get(key, "(unset)") for run in runs}) > 1]
     rows = [("setting / metric", labels)]
@@ -106,6 +113,8 @@ def plot(runs: list[Run], labels: list[str], path: str) -> None:
     import matplotlib.pyplot as pyplot
     import tensorflow as tf
 
+    from common.storage_errors import describe
+
     names = sorted(set().union(*(record["metrics"] for run in runs for record in run.evals)))
     figure, axes = pyplot.subplots(1, max(1, len(names)), figsize=(4.2 * max(1, len(names)), 3.2), squeeze=False)
     for axis, name in zip(axes[0], names, strict=False):
@@ -118,9 +127,14 @@ def plot(runs: list[Run], labels: list[str], path: str) -> None:
         axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     figure.tight_layout()
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        figure.savefig(handle, format="png", dpi=80)
-    pyplot.close(figure)
+    try:
+        with tf.io.gfile.GFile(path, "wb") as handle:
+            figure.savefig(handle, format="png", dpi=80)
+    except (tf.errors.OpError, OSError) as error:
+        raise ConfigError(f"--plot={path!r} cannot be written ({describe(error)}): pass a path in a folder that exists "
+                          "and that you can write to (local or gs://). The table above is complete.") from error
+    finally:
+        pyplot.close(figure)
 
 
 def _number(value) -> str:
@@ -148,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("error: --plot needs matplotlib, which is not installed: pip install -r requirements-dev.txt (or "
                   "pip install matplotlib). The table above needs nothing more.", file=sys.stderr)
+            return 2
+        except ConfigError as error:  # The path cannot be written.
+            print(f"error: {error}", file=sys.stderr)
             return 2
         print(f"Eval curves written to {args.plot}", flush=True)
     return 0

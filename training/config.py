@@ -10,6 +10,16 @@ import math
 
 from common.errors import ConfigError
 
+# The fields configs/base.gin binds to a macro of the same name in upper case (README.md, "Macros"): an error names
+# them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py checks this
+# set against base.gin).
+MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "global_batch_size",
+                          "train_steps", "steps_per_loop", "checkpoint_every", "eval_every", "learning_rate",
+                          "precision", "seed", "best_metric", "best_mode", "profile_steps", "profiler_port"})
+# A sensible value per integer field without a default, for the "e.g." of an error.
+_INT_EXAMPLES = {"global_batch_size": 128, "train_steps": 1000, "steps_per_loop": 100, "checkpoint_every": 1000,
+                 "eval_every": 1000, "eval_batch_size": 128}
+
 # float64: the replica-invariance check's precision (exact math to ~1e-15); on CPUs only, slow elsewhere.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "float64")
 
@@ -51,7 +61,7 @@ class ExperimentConfig:
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.
             if isinstance(self.metrics, str) or not all(isinstance(name, str) for name in self.metrics):
                 raise ConfigError(f"experiment.metrics={self.metrics!r} must be a list of metric names, e.g. "
-                                  "['accuracy', 'top_5_accuracy'].")
+                                  "--gin_param=\"experiment.metrics=['accuracy', 'top_5_accuracy']\".")
             object.__setattr__(self, "metrics", tuple(self.metrics))
         for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep",
                      "startup_timeout_seconds"):
@@ -64,16 +74,19 @@ class ExperimentConfig:
         for name in ("checkpoint_every", "eval_every"):
             value = getattr(self, name)
             if value % self.steps_per_loop:
-                raise ConfigError(f"{name.upper()}={value} must be a multiple of STEPS_PER_LOOP={self.steps_per_loop} "
-                                  "(the host only acts between loops); e.g. "
-                                  f"{name.upper()}={max(1, round(value / self.steps_per_loop)) * self.steps_per_loop}.")
+                nearest = max(1, round(value / self.steps_per_loop)) * self.steps_per_loop
+                raise ConfigError(f"{setting(name)}={value} must be a multiple of STEPS_PER_LOOP={self.steps_per_loop} "
+                                  f"(the host only acts between loops); e.g. {how_to_set(name, nearest)}.")
         if not isinstance(self.learning_rate, (int, float)) or isinstance(self.learning_rate, bool) or \
                 not 0 < self.learning_rate < math.inf:
-            raise ConfigError(f"LEARNING_RATE={self.learning_rate!r} must be a finite number > 0.")
+            raise ConfigError(f"LEARNING_RATE={self.learning_rate!r} must be a finite number > 0; e.g. "
+                              f"{how_to_set('learning_rate', 0.01)}.")
         if self.clip_global_norm is not None and not self.clip_global_norm > 0:
-            raise ConfigError(f"clip_global_norm={self.clip_global_norm!r} must be > 0, or None to disable clipping.")
+            raise ConfigError(f"experiment.clip_global_norm={self.clip_global_norm!r} must be > 0, or None to disable "
+                              f"clipping; e.g. {how_to_set('clip_global_norm', 1.0)}.")
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"PRECISION={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}.")
+            raise ConfigError(f"PRECISION={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}; e.g. "
+                              f"{how_to_set('precision', 'float32')}.")
 
     def eval_batch_for(self, num_replicas: int) -> int:
         """The global eval batch on `num_replicas` replicas: eval_batch_size if set, else GLOBAL_BATCH_SIZE rounded
@@ -101,6 +114,19 @@ class ExperimentConfig:
                 "DATASET": self.dataset}
 
 
+def setting(field: str) -> str:
+    """How a user sets `field`: its macro (configs/base.gin) if it has one, else experiment.<field>."""
+    return field.upper() if field in MACRO_FIELDS else f"experiment.{field}"
+
+
+def how_to_set(field: str, value) -> str:
+    """The command-line flag that sets `field` to `value`, e.g. --gin_param="experiment.checkpoints_to_keep=3"."""
+    return f'--gin_param="{setting(field)}={value!r}"'
+
+
 def _require_int(name: str, value, *, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{name.upper()}={value!r} must be an integer >= {minimum}.")
+        default = next(field.default for field in dataclasses.fields(ExperimentConfig) if field.name == name)
+        example = default if isinstance(default, int) and default >= minimum else _INT_EXAMPLES.get(name, minimum)
+        raise ConfigError(f"{setting(name)}={value!r} must be an integer >= {minimum}; e.g. "
+                          f"{how_to_set(name, example)}.")

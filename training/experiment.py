@@ -107,11 +107,9 @@ def _evaluate(controller: Controller, *, recorded: bool) -> dict:
 
 
 def model_settings(model_name: str) -> dict:
-    """{'cnn.filters': (32, 64), ...}: the model builder's keyword arguments as gin binds them (else defaults)."""
-    try:
-        builder = get_model_builder(model_name)
-    except ConfigError:
-        return {}
+    """{'cnn.filters': (32, 64), ...}: the model builder's keyword arguments as gin binds them (else defaults).
+    Called after the Trainer is built, which has already rejected an unknown MODEL."""
+    builder = get_model_builder(model_name)
     name = getattr(builder, "__name__", model_name)
     defaults = {key: parameter.default for key, parameter in inspect.signature(builder).parameters.items()
                 if parameter.default is not inspect.Parameter.empty}

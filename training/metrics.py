@@ -119,6 +119,9 @@ METRICS: dict[str, Callable] = {
 
 def make_metrics(names, task) -> list[Metric]:
     """The metrics `names` (or the task's defaults) for `task`; call inside `strategy.scope()`."""
+    if names is not None and "loss" in names:  # Before the lookup, which would call it an unknown metric.
+        raise ConfigError(f"experiment.metrics={list(names)}: 'loss' is always reported; do not list it in "
+                          "experiment.metrics.")
     metrics = []
     for name in names if names is not None else task.default_metrics:
         factory = METRICS.get("top_K_accuracy" if re.fullmatch(r"top_\d+_accuracy", name) else name)
@@ -127,7 +130,5 @@ def make_metrics(names, task) -> list[Metric]:
                               "top_5_accuracy). Register a new one in training/metrics.py.")
         metrics.append(factory(task, name))
     if len({metric.name for metric in metrics}) != len(metrics):
-        raise ConfigError(f"experiment.metrics={list(names)} names a metric twice.")
-    if any(metric.name == "loss" for metric in metrics):
-        raise ConfigError("'loss' is always reported; do not list it in experiment.metrics.")
+        raise ConfigError(f"experiment.metrics={list(names)} names a metric twice; list each once.")
     return metrics

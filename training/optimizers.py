@@ -49,8 +49,10 @@ OPTIMIZERS = {"sgd": sgd, "adam": adam, "adamw": adamw}
 
 def make_optimizer(name: str, *, learning_rate: float, schedule: str, train_steps: int) -> keras.optimizers.Optimizer:
     """The optimizer `name` driven by the learning-rate schedule `schedule`."""
-    if name not in OPTIMIZERS:
-        raise ConfigError(f"Unknown optimizer {name!r}. Known optimizers: {', '.join(sorted(OPTIMIZERS))}.")
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"Unknown learning-rate schedule {schedule!r}. Known: {', '.join(sorted(SCHEDULES))}.")
+    for field, value, known in (("optimizer", name, OPTIMIZERS), ("lr_schedule", schedule, SCHEDULES)):
+        if value not in known:
+            example = "adam" if field == "optimizer" else "cosine"
+            raise ConfigError(f"experiment.{field}={value!r} is unknown. Known: {', '.join(sorted(known))}; e.g. "
+                              f"--gin_param=\"experiment.{field}='{example}'\", or register one in "
+                              "training/optimizers.py.")
     return OPTIMIZERS[name](SCHEDULES[schedule](learning_rate, train_steps))

@@ -200,18 +200,25 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow loads: float64 kernels log warnings.
 
-    from common.errors import ConfigError
+    from common.errors import EXIT_CONFIG_ERROR, ConfigError, user_message
     from training import config_files, experiment  # The gin handling of train.py: configs read as training does.
 
     try:
         replica_counts = [int(count) for count in args.replicas.split(",")]
+    except ValueError:
+        replica_counts = []
+    if not replica_counts or min(replica_counts) < 1:
+        print(f"error: --replicas={args.replicas!r}: expected comma-separated integers >= 1, e.g. "
+              "--replicas=1,2,4,8.", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    try:
         config_files.parse(args.gin_file or [config_files.DEFAULT_GIN_FILE], args.gin_param,
                            search_path=config_files.REPO_ROOT)
         runs, probe = measure(experiment.experiment(), replica_counts, steps=args.steps or default_steps(),
                               force_regularization=args.force_regularization, force_clipping=args.force_clipping)
     except (ConfigError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        print(f"error: {user_message(error)}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     passed, table = report(runs, probe, args.tolerance)
     print(table)
     return 0 if passed else 1

@@ -21,18 +21,18 @@ MAX_IMAGES = 8
 
 
 class Summaries:
-    """The TensorBoard writers of one run directory; no-op writers off the chief."""
+    """The TensorBoard writers of one run directory. Only the chief writes: off the chief every method returns before
+    a writer is made (no events file at all)."""
 
     def __init__(self, run_dir):
         self.run_dir = run_dir
         self._writers = {}
 
     def writer(self, name: str):
-        """Writer for model_dir/<name> ('' = model_dir itself), made once (one events file per process)."""
+        """Writer for model_dir/<name> ('' = model_dir itself), made once (one events file per process; chief only)."""
         if name not in self._writers:
             self._writers[name] = tf.summary.create_file_writer(self.run_dir.path(name) if name else
-                                                                self.run_dir.model_dir) \
-                if self.run_dir.is_chief else tf.summary.create_noop_writer()
+                                                                self.run_dir.model_dir)
         return self._writers[name]
 
     def _write(self, name: str, step: int, what: str, write) -> None:
