@@ -9,11 +9,16 @@ For each model and global batch it measures examples/s of:
   fixed batch      the template's on-device loop fed one batch over and over (the compute bound);
   keras fit        Keras 3 `fit(steps_per_execution=100)` on the same model, optimizer and batch, from in-memory
                    tensors, and from the template's own tf.data pipeline;
-  guide loop       the TF distributed-training guide's loop (one `strategy.run` per Python step).
+  guide loop       the TF distributed-training guide's loop (one `strategy.run` per Python step);
+  XLA (1 replica)  the fixed-batch loop with each step's forward and backward pass compiled by XLA, against Keras
+                   `fit(jit_compile=True)` (XLA on both sides of that ratio). Not measured at 2+ replicas: a nested
+                   XLA function cannot hold BatchNormalization's replica-synchronised updates under MirroredStrategy.
+Per case also: seconds for one exact evaluation of the eval split and for one checkpoint save (written and read
+back, as training does), median of the repetitions.
 Repetitions are interleaved (every column once per round), so load changes hit all columns alike; the table gives
 the median and the JSON also min and max, with the load average before and after. Same digits data, same SGD,
-float32, no XLA on either side of a ratio. Also: time to first step of `python train.py` (a subprocess, by phase),
-and the RSS growth of a long run (--rss_steps).
+float32; XLA only in the two XLA columns, on both sides of their ratio. Also: time to first step of
+`python train.py` (a subprocess, by phase), and the RSS growth of a long run (--rss_steps).
 """
 
 import argparse
@@ -26,13 +31,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from throughput_table import table  # noqa: E402 - bench/ is on the path when run as a script.
+
 MODELS = {  # name -> (gin file, extra bindings)
     "cnn": ("configs/default.gin", []),
     "mlp": ("configs/experiments/digits_mlp.gin", []),
     "cnn_wide": ("configs/default.gin", ["cnn.filters=(64, 128)", "cnn.dense_units=256"]),
     "resnet20": ("configs/default.gin", ["MODEL='resnet'", "resnet.depth=20"]),
 }
-STEPS = 300  # per timed block (steps_per_loop divides it)
+STEPS = 300  # per timed block (steps_per_loop divides it); --steps
 
 
 def _config(model: str, batch: int, replicas: int):
@@ -76,8 +83,42 @@ class Case:
             self.keras_model.compile(optimizer=keras.optimizers.SGD(config.learning_rate, momentum=0.9),
                                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                                      metrics=["accuracy"], steps_per_execution=100, jit_compile=False)
+            if replicas == 1:
+                self.keras_xla_model = keras.models.clone_model(self.trainer.model)
+                self.keras_xla_model.compile(optimizer=keras.optimizers.SGD(config.learning_rate, momentum=0.9),
+                                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                             metrics=["accuracy"], steps_per_execution=100, jit_compile=True)
+                self._xla_loop = self._make_xla_loop(config)
+        self.replicas = replicas
         self.strategy = strategy
         self._guide_step = self._make_guide_step(tf)
+
+    def _make_xla_loop(self, config):
+        """The template's loop with its step's forward and backward pass in one XLA computation (1 replica)."""
+        import tensorflow as tf
+
+        from tpu_utils import loop
+        from training import step
+
+        trainer, model = self.trainer, self.trainer.model
+
+        @tf.function(jit_compile=True)
+        def forward_backward(batch):
+            with tf.GradientTape() as tape:
+                logits, loss, regularization = step.forward(model, trainer.loss_fn, batch, seed=config.seed,
+                                                            global_batch_size=config.global_batch_size)
+                total = loss + tf.cast(regularization, loss.dtype)
+            return logits, loss, tape.gradient(total, model.trainable_variables)
+
+        def xla_step(batch):
+            logits, loss, gradients = forward_backward(batch)
+            summed = step.sum_then_clip(gradients, None)
+            trainer.optimizer.apply_gradients(zip(summed, model.trainable_variables, strict=True))
+            for metric in trainer.train_metrics:
+                metric.update(batch[1], logits)
+            return {"loss": loss}
+
+        return loop.make_train_loop(trainer.strategy, xla_step, trainer.global_step, model.non_trainable_variables)
 
     def _make_guide_step(self, tf):
         trainer = self.trainer
@@ -107,12 +148,37 @@ class Case:
         self.trainer._train_loop(self.fixed_iterator, tf.constant(STEPS, tf.int32))["loss"].numpy()
         return STEPS * self.batch / (time.perf_counter() - started)
 
-    def keras_fit_in_memory(self) -> float:
+    def fixed_batch_xla(self) -> float:
+        import tensorflow as tf
+
+        started = time.perf_counter()
+        self._xla_loop(self.fixed_iterator, tf.constant(STEPS, tf.int32))["loss"].numpy()
+        return STEPS * self.batch / (time.perf_counter() - started)
+
+    def keras_fit_in_memory(self, model=None) -> float:
         features, labels = self.arrays
         epochs = max(1, STEPS * self.batch // len(features))
         started = time.perf_counter()
-        self.keras_model.fit(features, labels, batch_size=self.batch, epochs=epochs, verbose=0, shuffle=False)
+        (model or self.keras_model).fit(features, labels, batch_size=self.batch, epochs=epochs, verbose=0,
+                                        shuffle=False)
         return epochs * len(features) / (time.perf_counter() - started)
+
+    def eval_seconds(self) -> float:
+        started = time.perf_counter()
+        self.trainer.evaluate()
+        return time.perf_counter() - started
+
+    def checkpoint_seconds(self) -> float:
+        """One save as training does it: written, read back and verified, older ones rotated (a local folder)."""
+        import tempfile
+
+        from training.checkpoints import CheckpointStore
+
+        with tempfile.TemporaryDirectory() as directory:
+            store = CheckpointStore(self.trainer.checkpoint, read_dir=directory, write_dir=directory, keep=1)
+            started = time.perf_counter()
+            store.save(self.trainer.step)
+            return time.perf_counter() - started
 
     def keras_fit_pipeline(self) -> float:
         dataset = self.trainer.train_input_fn()
@@ -134,14 +200,22 @@ class Case:
         return STEPS * self.batch / (time.perf_counter() - started)
 
     def columns(self) -> dict:
-        return {"template SPL=1": lambda: self.template(1), "template SPL=10": lambda: self.template(10),
-                "template SPL=100": lambda: self.template(100), "pipeline": self.pipeline,
-                "fixed batch": self.fixed_batch, "keras fit (in memory)": self.keras_fit_in_memory,
-                "keras fit (pipeline)": self.keras_fit_pipeline, "guide loop": self.guide_loop}
+        columns = {"template SPL=1": lambda: self.template(1), "template SPL=10": lambda: self.template(10),
+                   "template SPL=100": lambda: self.template(100), "pipeline": self.pipeline,
+                   "fixed batch": self.fixed_batch, "keras fit (in memory)": self.keras_fit_in_memory,
+                   "keras fit (pipeline)": self.keras_fit_pipeline, "guide loop": self.guide_loop}
+        if self.replicas == 1:
+            columns["fixed batch, XLA"] = self.fixed_batch_xla
+            columns["keras fit (in memory), XLA"] = lambda: self.keras_fit_in_memory(self.keras_xla_model)
+        return columns
+
+    def timings(self) -> dict:
+        """Seconds (not examples/s): one exact evaluation, one checkpoint save."""
+        return {"eval seconds": self.eval_seconds, "checkpoint seconds": self.checkpoint_seconds}
 
 
 def measure(case: Case, repetitions: int) -> dict:
-    columns = case.columns()
+    columns = {**case.columns(), **case.timings()}
     for measure_once in columns.values():  # Trace and warm up every column first.
         measure_once()
     samples = {name: [] for name in columns}
@@ -194,19 +268,25 @@ def rss_growth(steps: int) -> dict:
 
 
 def main() -> None:
+    global STEPS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="cnn,mlp,cnn_wide,resnet20")
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps per timed block (a multiple of 100)")
     parser.add_argument("--rss_steps", type=int, default=10000, help="0 to skip")
     parser.add_argument("--output", default="runs/bench/throughput.json")
     args = parser.parse_args()
+    if args.steps < 100 or args.steps % 100:
+        parser.error(f"--steps={args.steps} must be a positive multiple of 100 (the largest STEPS_PER_LOOP).")
+    STEPS = args.steps
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(max(args.replicas, 1))
     results = {"load_before": os.getloadavg(), "replicas": args.replicas, "date": time.strftime("%Y-%m-%d"),
+               "steps_per_block": STEPS,
                "cases": {}}
     results["time_to_first_step"] = time_to_first_step()
     for model in args.models.split(","):
@@ -220,31 +300,6 @@ def main() -> None:
     with open(args.output, "w") as handle:
         json.dump(results, handle, indent=2)
     print(table(results))
-
-
-def table(results: dict) -> str:
-    cases = list(results["cases"])
-    columns = list(next(iter(results["cases"].values())))
-    lines = [f"examples/s (median of repetitions), {results['replicas']} replica(s), {results['date']}, load "
-             f"{results['load_before'][0]:.1f} -> {results['load_after'][0]:.1f}",
-             "| | " + " | ".join(cases) + " |", "|---" * (len(cases) + 1) + "|"]
-    for column in columns:
-        lines.append(f"| {column} | " + " | ".join(f"{results['cases'][case][column]['median'] / 1000:.1f}k"
-                                                   for case in cases) + " |")
-    for name, numerator, denominator in (("template / keras fit", "template SPL=100", "keras fit (in memory)"),
-                                         ("template / fixed batch", "template SPL=100", "fixed batch"),
-                                         ("pipeline / template", "pipeline", "template SPL=100"),
-                                         ("SPL=100 / SPL=1", "template SPL=100", "template SPL=1")):
-        lines.append(f"| {name} | " + " | ".join(
-            f"{results['cases'][case][numerator]['median'] / results['cases'][case][denominator]['median']:.2f}"
-            for case in cases) + " |")
-    first = results["time_to_first_step"]
-    lines.append("time to first step: " + ", ".join(f"{key} {value:.1f} s" for key, value in first.items()))
-    if "rss" in results:
-        rss = results["rss"]
-        lines.append(f"RSS over {rss['steps']:,} MLP steps: {rss['rss_mb_after_100']:.0f} -> {rss['rss_mb_after']:.0f}"
-                     f" MB ({rss['growth_mb']:+.0f} MB)")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,26 @@
+"""bench/throughput.py runs end to end and reports every column, so the README's throughput table can be
+re-measured (the benchmark's figures are not asserted: speed targets live in the benchmark, never in tests)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO_ROOT
+
+
+@pytest.mark.slow
+def test_the_throughput_benchmark_runs_and_reports_every_column(tmp_path):
+    output = tmp_path / "throughput.json"
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "bench", "throughput.py"), "--models=mlp",
+                             "--batches=64", "--repetitions=1", "--steps=100", "--rss_steps=0", f"--output={output}"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    case = json.load(open(output))["cases"]["mlp B=64"]
+    assert set(case) == {"template SPL=1", "template SPL=10", "template SPL=100", "pipeline", "fixed batch",
+                         "keras fit (in memory)", "keras fit (pipeline)", "guide loop", "fixed batch, XLA",
+                         "keras fit (in memory), XLA", "eval seconds", "checkpoint seconds"}
+    assert all(value["median"] > 0 for value in case.values())
+    assert "| template / keras fit |" in result.stdout and "time to first step" in result.stdout
