@@ -225,3 +225,20 @@ def test_the_command_line_prints_the_decision_as_exports(fake_libtpu):
 def test_gathering_reads_no_tensorflow_and_finds_no_tpu_here():
     assert tpu_facts.find_libtpu() == (None, None)  # This CPU machine: no libtpu installed.
     assert not gather_facts({}).has_tpu
+
+
+def test_a_vfio_device_without_google_tpu_chips_is_not_a_tpu(tmp_path):
+    """Any VFIO pass-through (a GPU, a NIC) makes /dev/vfio/<n>: STRATEGY='auto' and the start-up must not take such
+    a host for a TPU VM. With TPU chips on the PCI bus it is one (the control), and /dev/accel<n> always is."""
+    (tmp_path / "plain" / "dev" / "vfio").mkdir(parents=True)
+    (tmp_path / "plain" / "dev" / "vfio" / "0").write_text("")
+    assert not tpu_facts.local_tpu_attached(str(tmp_path / "plain"))
+    def no_metadata_query():
+        raise AssertionError("a host with no TPU must not query the metadata server")
+
+    assert not gather_facts({}, root=str(tmp_path / "plain"), read_metadata=no_metadata_query).has_tpu
+    tpu_host = _fake_host(tmp_path / "tpu", "0x0062", chips=4)
+    assert tpu_facts.local_tpu_attached(tpu_host)
+    (tmp_path / "old" / "dev").mkdir(parents=True)
+    (tmp_path / "old" / "dev" / "accel0").write_text("")
+    assert tpu_facts.local_tpu_attached(str(tmp_path / "old"))

@@ -4,19 +4,15 @@ Nothing else in the template touches device set-up, TPU resolvers or TF_CONFIG. 
 other TensorFlow work in the process: virtual CPU devices can only be configured before TF initialises its devices.
 """
 
-import glob
 import os
 
 import tensorflow as tf
 
 from common.errors import ConfigError
+from tpu_utils import tpu_facts
 from tpu_utils.deadline import exit_if_stuck
 
 STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker_mirrored", "tpu")
-
-# Device files a Cloud TPU VM exposes for its local chips (v2/v3: /dev/accel*, v4 and later: /dev/vfio/<n>).
-_LOCAL_TPU_DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
-
 
 def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local",
                   startup_timeout_seconds: int = 300) -> tf.distribute.Strategy:
@@ -44,8 +40,8 @@ def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local",
 
 
 def local_tpu_attached() -> bool:
-    """True when this host exposes TPU chips (a TPU VM or Colab TPU runtime); a file check, no network."""
-    return any(glob.glob(pattern) for pattern in _LOCAL_TPU_DEVICE_GLOBS)
+    """True when this host exposes TPU chips (a TPU VM or Colab TPU runtime); file checks, no network."""
+    return tpu_facts.local_tpu_attached()
 
 
 def _detect_strategy_name() -> str:

@@ -39,7 +39,16 @@ class RuntimeFacts:
 
     @property
     def has_tpu(self) -> bool:
-        return bool(self.accelerator_type or self.device_files or self.pci_chips)
+        """A TPU is attached or named: /dev/vfio/<n> alone is not evidence (any VFIO pass-through makes one), so it
+        counts with Google TPU chips on the PCI bus only; /dev/accel<n> is the TPU driver's own."""
+        return bool(self.accelerator_type or self.pci_chips or any("/accel" in path for path in self.device_files))
+
+
+def local_tpu_attached(root: str = "/") -> bool:
+    """Whether this host exposes TPU chips (a TPU VM or a Colab TPU runtime), by the rule of `RuntimeFacts.has_tpu`
+    without the accelerator type: a few file reads, never the network."""
+    device_files = [path for pattern in DEVICE_FILE_GLOBS for path in glob.glob(os.path.join(root, pattern))]
+    return RuntimeFacts(device_files=tuple(device_files), pci_chips=_pci_tpu_chips(root)[1]).has_tpu
 
 
 def gather_facts(environ=os.environ, *, root: str = "/", read_metadata=None) -> RuntimeFacts:
@@ -48,7 +57,8 @@ def gather_facts(environ=os.environ, *, root: str = "/", read_metadata=None) -> 
                                 for path in glob.glob(os.path.join(root, pattern))))
     pci_generation, pci_chips = _pci_tpu_chips(root)
     accelerator_type, source = environ.get("TPU_ACCELERATOR_TYPE") or None, "TPU_ACCELERATOR_TYPE"
-    if not accelerator_type and (device_files or pci_chips) and not environ.get("TPU_SKIP_MDS_QUERY"):
+    attached = RuntimeFacts(device_files=device_files, pci_chips=pci_chips).has_tpu
+    if not accelerator_type and attached and not environ.get("TPU_SKIP_MDS_QUERY"):
         accelerator_type = (read_metadata or (lambda: read_accelerator_type_from_metadata(environ)))()
         source = "the TPU VM metadata server"
     if not accelerator_type:
