@@ -38,6 +38,10 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["experiment.lr_schedule='step'"], "experiment.lr_schedule='step' is unknown. Known: constant, cosine; e.g. "
                                         "--gin_param=\"experiment.lr_schedule='cosine'\""),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
+    # Checked with the config, before the strategy is made (on a TPU that takes minutes); here no TPU exists.
+    (["STRATEGY='tpu'", "PROFILE_STEPS=(5, 2)"], "PROFILE_STEPS=(5, 2) must be (start, stop) with 0 <= start < stop"),
+    (["STRATEGY='tpu'", "BEST_MODE='maximum'"], "BEST_MODE='maximum' must be 'max', 'min' or 'auto'"),
+    (["STRATEGY='tpu'", "BEST_METRIC='accuracy'"], "BEST_METRIC='accuracy' must name an evaluation metric"),
     # A misspelt best metric: refused before training, not at the first evaluation hours later.
     (["BEST_METRIC='eval/acuracy'", "EVAL_EVERY=100000"],
      "BEST_METRIC='eval/acuracy': the evaluation reports no 'acuracy' (it reports loss, accuracy)"),

@@ -63,6 +63,15 @@ class ExperimentConfig:
                 raise ConfigError(f"experiment.metrics={self.metrics!r} must be a list of metric names, e.g. "
                                   "--gin_param=\"experiment.metrics=['accuracy', 'top_5_accuracy']\".")
             object.__setattr__(self, "metrics", tuple(self.metrics))
+        # Checked here, before the strategy is made (minutes on a TPU), not when the controller first needs them.
+        if self.best_mode not in ("max", "min", "auto"):
+            raise ConfigError(f"BEST_MODE={self.best_mode!r} must be 'max', 'min' or 'auto'; e.g. "
+                              f"{how_to_set('best_mode', 'max')}.")
+        if self.best_metric is not None and not (isinstance(self.best_metric, str)
+                                                 and self.best_metric.startswith("eval/") and self.best_metric[5:]):
+            raise ConfigError(f"BEST_METRIC={self.best_metric!r} must name an evaluation metric, e.g. "
+                              f"{how_to_set('best_metric', 'eval/accuracy')} or 'eval/loss'.")
+        object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
         for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep",
                      "startup_timeout_seconds"):
             _require_int(name, getattr(self, name), minimum=1)
@@ -130,3 +139,15 @@ def _require_int(name: str, value, *, minimum: int) -> None:
         example = default if isinstance(default, int) and default >= minimum else _INT_EXAMPLES.get(name, minimum)
         raise ConfigError(f"{setting(name)}={value!r} must be an integer >= {minimum}; e.g. "
                           f"{how_to_set(name, example)}.")
+
+
+def check_profile_steps(profile_steps) -> tuple[int, int] | None:
+    """PROFILE_STEPS as (start, stop) with 0 <= start < stop, or None; a ConfigError otherwise."""
+    if profile_steps is None:
+        return None
+    if not isinstance(profile_steps, (tuple, list)) or len(profile_steps) != 2 or \
+            not all(isinstance(value, int) and not isinstance(value, bool) for value in profile_steps) or \
+            not 0 <= profile_steps[0] < profile_steps[1]:
+        raise ConfigError(f"PROFILE_STEPS={profile_steps!r} must be (start, stop) with 0 <= start < stop, e.g. "
+                          "--gin_param=\"PROFILE_STEPS=(200, 300)\", or None.")
+    return tuple(profile_steps)

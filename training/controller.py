@@ -27,7 +27,7 @@ from training.checkpoints import CheckpointStore
 from training.export import export_saved_model
 from training.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.history import History
-from training.profiling import Profiler, check_profile_steps
+from training.profiling import Profiler
 from training.profiling import start_server as start_profiler_server
 from training.progress import Progress
 from training.run_directory import RunDirectory
@@ -67,7 +67,7 @@ class Controller:
                                mode=config.best_mode if config.best_metric else "auto",
                                evaluated=("loss", *(metric.name for metric in trainer.eval_metrics)))
         self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
-        self.profiler = Profiler(check_profile_steps(config.profile_steps), run_dir.model_dir,
+        self.profiler = Profiler(config.profile_steps, run_dir.model_dir,
                                  enabled=run_dir.is_chief)
         self._profiler_port = config.profiler_port if run_dir.is_chief else 0
 

@@ -11,8 +11,6 @@ import logging
 
 import tensorflow as tf
 
-from common.errors import ConfigError
-
 log = logging.getLogger(__name__)
 
 
@@ -23,18 +21,6 @@ def start_server(port: int) -> None:
         tf.profiler.experimental.server.start(port)
         log.info("Profiler server on port %d: capture with TensorBoard's Profile tab (\"Capture profile\", "
                  "localhost:%d) or tf.profiler.experimental.client.trace.", port, port)
-
-
-def check_profile_steps(profile_steps) -> tuple[int, int] | None:
-    """PROFILE_STEPS as (start, stop) with 0 <= start < stop, or None; a ConfigError otherwise."""
-    if profile_steps is None:
-        return None
-    if not isinstance(profile_steps, (tuple, list)) or len(profile_steps) != 2 or \
-            not all(isinstance(value, int) and not isinstance(value, bool) for value in profile_steps) or \
-            not 0 <= profile_steps[0] < profile_steps[1]:
-        raise ConfigError(f"PROFILE_STEPS={profile_steps!r} must be (start, stop) with 0 <= start < stop, e.g. "
-                          "PROFILE_STEPS=(200, 300), or None.")
-    return tuple(profile_steps)
 
 
 class Profiler:
