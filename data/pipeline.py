@@ -108,7 +108,13 @@ def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBu
     """The TFDS builder for `spec`, built into `data_dir` first if it is not there yet (offline for bundled data)."""
     try:
         builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
-        prepare(builder)
+        try:
+            prepare(builder)
+        except FileExistsError:  # Another process (a worker of the same job) finished preparing it first.
+            builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
+            if not builder.is_prepared():
+                raise
+            log.info("%r was prepared by another process meanwhile; using it.", spec.tfds_name)
     except (OSError, tf.errors.OpError) as error:  # Not a directory, permission denied, disk full, ...
         raise ConfigError(f"DATA_DIR={data_dir!r} cannot be used for {spec.tfds_name!r} ({describe(error)}). Pass a "
                           "DATA_DIR you can write to (TFDS prepares the dataset there once), e.g. "

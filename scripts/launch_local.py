@@ -5,15 +5,16 @@
 Starts WORKERS processes of `train.py ARGS --gin_param=STRATEGY='multi_worker_mirrored'`, each with its own TF_CONFIG
 on free 127.0.0.1 ports (worker 0 is the chief), and forwards their output line by line with a `[worker N]` prefix.
 When a worker fails, the others are stopped (SIGTERM, then SIGKILL after --grace_seconds) and the launcher exits with
-that worker's exit code; SIGINT/SIGTERM to the launcher is passed on the same way. A worker whose peer never starts
-exits on its own after experiment.startup_timeout_seconds.
+that worker's exit code. Ctrl-C (SIGINT) or SIGTERM to the launcher is passed on as one SIGTERM per worker: they stop
+together after a checkpoint and the launcher exits 3; a second one stops them at once. A launcher killed outright
+(SIGKILL) passes nothing on: its workers train on to the end; stop them with `kill -TERM <pid>`. A worker whose
+peer never starts exits on its own after experiment.startup_timeout_seconds.
 """
 
 import argparse
 import os
 import signal
 import sys
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
 
@@ -37,8 +38,12 @@ def main(argv: list[str]) -> int:
     job = LocalJob(command, args.workers, args.grace_seconds)
 
     def forward_signal(signum, frame):
-        print(f"[launcher] {signal.Signals(signum).name}: stopping the workers.", flush=True)
-        threading.Thread(target=job.stop, daemon=True).start()
+        if job.stop_requests:
+            print(f"[launcher] {signal.Signals(signum).name} again: the workers stop at once.", flush=True)
+        else:
+            print(f"[launcher] {signal.Signals(signum).name}: the workers stop at their next loop boundary, after a "
+                  "checkpoint (send it again to stop them at once).", flush=True)
+        job.request_stop()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, forward_signal)

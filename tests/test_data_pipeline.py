@@ -99,3 +99,28 @@ def test_a_builder_assertion_without_a_manual_dir_is_a_config_error_naming_the_s
         pipeline.load_builder(spec, str(tmp_path))
     assert (f"Cannot prepare 'sklearn_digits' in {tmp_path}: digits.csv not found. " in str(raised.value)
             and f"python -m data.stage --dataset=digits --manual_dir=DIR --data_dir={tmp_path}" in str(raised.value))
+
+
+def test_a_dataset_prepared_meanwhile_by_another_worker_is_used(tmp_path, monkeypatch):
+    """Two workers of a fresh multi-worker job both prepare the bundled dataset; the slower one's final rename finds
+    the folder there (FileExistsError: it stopped worker 1 of a new user's first launch_local run). Simulated in one
+    process, deterministically: the 'other worker' prepares it for real, then this one's rename fails as TFDS's does.
+    Control: the same error with nothing prepared is still an error."""
+    spec = get_dataset_spec("digits")
+    real_prepare = pipeline.prepare
+
+    def lose_the_race(builder, download_config=None):
+        other = pipeline.find_builder(spec.tfds_name, str(tmp_path / "raced"), module=spec.module)
+        real_prepare(other)
+        raise FileExistsError(f"Cannot rename ... Destination {other.data_dir} already exists.")
+
+    monkeypatch.setattr(pipeline, "prepare", lose_the_race)
+    builder = pipeline.load_builder(spec, str(tmp_path / "raced"))
+    assert builder.is_prepared() and builder.info.splits["train"].num_examples == 1437
+
+    def fail(builder, download_config=None):
+        raise FileExistsError("Cannot rename: destination exists")
+
+    monkeypatch.setattr(pipeline, "prepare", fail)
+    with pytest.raises(ConfigError, match="cannot be used for 'sklearn_digits'"):
+        pipeline.load_builder(spec, str(tmp_path / "empty"))

@@ -31,11 +31,12 @@ CNN_ARGS = ("--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10", "--gi
             "--gin_param=cnn.synchronized_batch_norm=True")
 
 
-def _launch(*train_args: str, workers: int = 2, env: dict | None = None) -> subprocess.Popen:
+def _launch(*train_args: str, workers: int = 2, env: dict | None = None, session: bool = False) -> subprocess.Popen:
+    """The launcher; `session`: in a process group of its own, as a terminal runs it (so a test can Ctrl-C it)."""
     launcher = os.path.join(REPO_ROOT, "scripts", "launch_local.py")
     return subprocess.Popen([sys.executable, launcher, f"--workers={workers}", "--", *train_args],
                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, start_new_session=session)
 
 
 def _checkpoint_tensors(model_dir: str, step: int | None = None) -> dict:
@@ -98,6 +99,35 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_loop_boundary(tmp_path, da
     os.kill(workers[1], signal.SIGTERM)  # Only the non-chief hears it.
     output = "".join(lines) + launcher.communicate(timeout=120)[0]
     assert launcher.returncode == 3, output
+    stops = dict(re.findall(r"\[worker (\d)\] error: Stopped by (?:SIGTERM|another worker) at step (\d+)", output))
+    assert stops.keys() == {"0", "1"} and stops["0"] == stops["1"], output
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith(f"ckpt-{stops['0']}")
+
+
+LONG_RUN = ("--gin_param=TRAIN_STEPS=100000", "--gin_param=STEPS_PER_LOOP=20", "--gin_param=EVAL_EVERY=0",
+            "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=MODEL='mlp'")
+
+
+def _until_training(launcher: subprocess.Popen) -> list[str]:
+    lines = []
+    for line in launcher.stdout:
+        lines.append(line)
+        if re.match(r"\[worker 0\] .* step +\d+/100000", line):
+            return lines
+    raise AssertionError("".join(lines))
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_both_workers_after_a_checkpoint(tmp_path, data_dir):
+    """A terminal's Ctrl-C is SIGINT to the whole foreground process group. The workers run in their own session, so
+    only the launcher gets it and passes one SIGTERM on: both stop at one loop boundary with a checkpoint, none
+    counts two signals and stops at once (which lost the steps since the last checkpoint)."""
+    launcher = _launch(*LONG_RUN, f"--model_dir={tmp_path}", session=True)
+    lines = _until_training(launcher)
+    os.killpg(launcher.pid, signal.SIGINT)
+    output = "".join(lines) + launcher.communicate(timeout=120)[0]
+    assert launcher.returncode == 3, output
+    assert "received again" not in output and "stopping the others" not in output, output
     stops = dict(re.findall(r"\[worker (\d)\] error: Stopped by (?:SIGTERM|another worker) at step (\d+)", output))
     assert stops.keys() == {"0", "1"} and stops["0"] == stops["1"], output
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith(f"ckpt-{stops['0']}")
