@@ -16,14 +16,22 @@ VERSION = "1.0.0"
 
 
 def check_name(name: str) -> None:
-    """A new TFDS dataset name: snake_case, and not a dataset TFDS already registers (that would shadow it)."""
+    """A new TFDS dataset name: snake_case, and neither a dataset TFDS already registers nor the TFDS name of one of
+    the template's bundled datasets (data/registry.py): either would be shadowed, or mix its builder's metadata with
+    the staged files."""
     import re
 
     import tensorflow_datasets as tfds
 
+    from data.registry import DATASETS
+
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name or ""):
         raise ConfigError(f"--name={name!r} is not a TFDS dataset name: use lower-case letters, digits and _, "
                           "starting with a letter (e.g. --name=my_data).")
+    bundled = next((key for key, spec in DATASETS.items() if spec.tfds_name == name), None)
+    if bundled is not None:
+        raise ConfigError(f"--name={name!r} is the TFDS name of the template's dataset DATASET={bundled!r} "
+                          f"(data/registry.py); choose another name (e.g. --name=my_{name}).")
     if name in tfds.list_builders(with_community_datasets=False):
         raise ConfigError(f"--name={name!r} is a dataset TFDS already knows; choose another name (e.g. "
                           f"--name=my_{name}).")

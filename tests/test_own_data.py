@@ -212,6 +212,10 @@ def _bad_inputs(root) -> dict:
                            "--features=x:float16[4],label:int64"], ["float16", "unknown dtype", "float32"]),
         "no test split": ([f"--from_csv=train={root}/train.csv"], ["'train'", "'test'"]),
         "registered name": (["--name=mnist", f"--from_npz={root}/wide.npz"], ["mnist", "--name=my_mnist"]),
+        "bundled dataset's name": (["--name=synthetic_reviews", f"--from_npz={root}/wide.npz"],
+                                   ["--name='synthetic_reviews'", "data/registry.py", "--name=my_synthetic_reviews"]),
+        "bundled builder's name": (["--name=sklearn_digits", f"--from_npz={root}/wide.npz"],
+                                   ["DATASET='digits'", "--name=my_sklearn_digits"]),
     }
 
 
