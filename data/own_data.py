@@ -2,7 +2,8 @@
 `tfds.dataset_builders.store_as_tfds_dataset`: the shards, the features and the split sizes land in the standard
 layout (`DATA_DIR/NAME/1.0.0/`), so `DATASET='tfds:NAME'` trains from it with no builder code (data/staged_spec.py).
 
-The sources are read and checked first (data/own_sources.py, data/own_images.py); only then is anything written.
+The sources are read and checked first (data/own_sources.py, data/own_images.py) and their features decided
+(data/own_columns.py); only then is anything written.
 A dataset already there is left alone unless `force`, which deletes that version and stores it anew.
 """
 
@@ -40,6 +41,7 @@ def check_name(name: str) -> None:
 def read_source(args) -> tuple:
     """(features, {split: {feature: array}}) from the one --from_* source of the parsed command line `args`."""
     from data import own_sources
+    from data.own_columns import columns
 
     class_names = None
     if args.from_npz:
@@ -56,7 +58,7 @@ def read_source(args) -> tuple:
         from data.own_images import read_image_folder
 
         splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"))
-    return own_sources.columns(splits, args.label_kind, class_names)
+    return columns(splits, args.label_kind, class_names)
 
 
 def store(name: str, data_dir: str, features, splits: dict, *, force: bool = False, description: str = "") -> bool:

@@ -243,7 +243,7 @@ def test_the_readme_commands_parse_and_name_each_source():
 
 
 def test_text_labels_become_sorted_class_names_and_float_labels_a_target():
-    from data.own_sources import columns
+    from data.own_columns import columns
 
     rows = np.zeros((3, 2), np.float32)
     features, staged = columns({"train": (rows, np.array(["iris", "daisy", "iris"])),
