@@ -36,6 +36,25 @@ def check_splits(splits: dict, source: str) -> None:
                           "'validation'). Name them so (e.g. x_train/x_test arrays, train=FILE,test=FILE).")
 
 
+def check_finite(values: np.ndarray, source: str, split: str, names: str | list[str], line_offset: int = 0) -> None:
+    """A ConfigError naming the first NaN or infinite value of float `values` (one row per example): its split, its
+    column (`names[column]`, or `names`, e.g. "array 'x_train'", and its position in the row) and its row index."""
+    if values.dtype.kind not in "fc" or not values.size:
+        return
+    rows = values.reshape(len(values), -1)
+    bad = ~np.isfinite(rows)
+    if not bad.any():
+        return
+    row = int(np.flatnonzero(bad.any(axis=1))[0])
+    column = int(np.flatnonzero(bad[row])[0])
+    where = f"column {names[column]!r}" if isinstance(names, list) else names
+    line = f" (line {row + line_offset})" if line_offset else ""
+    position = f", position {column}" if rows.shape[1] > 1 and not isinstance(names, list) else ""
+    raise ConfigError(f"{source}: split {split!r}, {where}, row index {row}{line}{position} is {rows[row, column]}: "
+                      "NaN and infinite values cannot be trained on. Drop those rows, or fill them in (e.g. with the "
+                      "column's mean), then stage again.")
+
+
 def read_npz(path: str, keys: str | None) -> dict:
     """Arrays `x_SPLIT`/`y_SPLIT` of an .npz file, or the pairs named by `keys` ('train=X:Y,test=X:Y')."""
     import tensorflow as tf
@@ -59,6 +78,8 @@ def read_npz(path: str, keys: str | None) -> dict:
             raise ConfigError(f"--from_npz={path!r} has the arrays {sorted(arrays)}, not {missing or names} for "
                               f"split {split!r}. Name them x_train, y_train, x_test, y_test, or pass "
                               "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS.")
+        for name in names:
+            check_finite(arrays[name], f"--from_npz={path!r}", split, f"array {name!r}")
         splits[split] = (arrays[names[0]], arrays[names[1]])
     check_splits(splits, f"--from_npz={path!r}")
     return splits
@@ -96,6 +117,8 @@ def read_csv(paths: dict[str, str], label: str) -> dict:
                                   "encode that column.") from None
             labels.append(row[index])
         splits[split] = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
+        check_finite(splits[split][0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)
+        check_finite(splits[split][1], f"--from_csv: {path}", split, [label], 2)
     return splits
 
 
@@ -163,6 +186,8 @@ def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
                               "empty). Check that the glob names the files the data were written to, and that the "
                               "writer was closed (tf.io.TFRecordWriter flushes on close).") from None
         splits[split] = (_stack(inputs, f"--from_tfrecord {split}"), np.asarray(labels))
+        for name, values in zip((input_name, label), splits[split], strict=True):
+            check_finite(values, f"--from_tfrecord: {split}={pattern!r}", split, f"feature {name!r}")
     return splits
 
 

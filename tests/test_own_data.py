@@ -190,6 +190,20 @@ def _bad_inputs(root) -> dict:
         handle.write("a,b,label\n1,2,0\n3,4,1\n")
     with open(f"{root}/ragged.csv", "w") as handle:
         handle.write("a,b,label\n1,2,0\n3,4,5,1\n")
+    with open(f"{root}/nan.csv", "w") as handle:
+        handle.write("a,b,label\n1,2,0\n3,nan,1\n")
+    with open(f"{root}/inf.csv", "w") as handle:
+        handle.write("a,b,label\n1,2,0.5\n3,4,0.25\n5,6,inf\n")
+    inputs, targets, holes = np.ones((4, 3)), np.ones(4), np.ones((4, 3))
+    holes[2, 1] = holes[3, 0] = np.nan
+    np.savez(f"{root}/nan.npz", x_train=inputs, y_train=targets, x_test=holes, y_test=targets)
+    np.savez(f"{root}/inf.npz", x_train=inputs, y_train=np.array([0.0, 1.0, -np.inf, 1.0]), x_test=inputs,
+             y_test=targets)
+    with tf.io.TFRecordWriter(f"{root}/nan-0.tfrecord") as writer:
+        for row in ([1.0, 2.0], [3.0, float("nan")]):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[0]))})).SerializeToString())
     open(f"{root}/empty-0.tfrecord", "wb").close()
     tfrecords = "--features=x:float32[4],label:int64"
     _write_images(f"{root}/images", {"train": 2, "test": 1})
@@ -211,6 +225,18 @@ def _bad_inputs(root) -> dict:
         "unknown dtype": ([f"--from_tfrecord=train={root}/*.tfrecord,test={root}/*.tfrecord",
                            "--features=x:float16[4],label:int64"], ["float16", "unknown dtype", "float32"]),
         "no test split": ([f"--from_csv=train={root}/train.csv"], ["'train'", "'test'"]),
+        "NaN in a CSV feature": ([f"--from_csv=train={root}/nan.csv,test={root}/train.csv"],
+                                 ["nan.csv", "split 'train'", "column 'b'", "row index 1 (line 3) is nan",
+                                  "Drop those rows"]),
+        "inf in a CSV target": ([f"--from_csv=train={root}/train.csv,test={root}/inf.csv"],
+                                ["inf.csv", "split 'test'", "column 'label'", "row index 2 (line 4) is inf"]),
+        "NaN in npz inputs": ([f"--from_npz={root}/nan.npz"],
+                              ["nan.npz", "split 'test'", "array 'x_test'", "row index 2, position 1 is nan"]),
+        "inf in npz targets": ([f"--from_npz={root}/inf.npz"],
+                               ["split 'train'", "array 'y_train'", "row index 2 is -inf"]),
+        "NaN in a TFRecord": ([f"--from_tfrecord=train={root}/nan-*.tfrecord,test={root}/nan-*.tfrecord",
+                               "--features=x:float32[2],label:int64"],
+                              ["split 'train'", "feature 'x'", "row index 1, position 1 is nan"]),
         "registered name": (["--name=mnist", f"--from_npz={root}/wide.npz"], ["mnist", "--name=my_mnist"]),
         "bundled dataset's name": (["--name=synthetic_reviews", f"--from_npz={root}/wide.npz"],
                                    ["--name='synthetic_reviews'", "data/registry.py", "--name=my_synthetic_reviews"]),
