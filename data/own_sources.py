@@ -71,6 +71,11 @@ def read_npz(path: str, keys: str | None) -> dict:
         pairs = {split: names.split(":") for split, names in parse_split_paths(keys, "--npz_keys").items()}
     else:
         pairs = {name[2:]: [name, "y" + name[1:]] for name in arrays if name.startswith("x_")}
+        if "train" not in pairs or not {"test", "validation"} & set(pairs):
+            raise ConfigError(f"--from_npz={path!r} has the arrays {sorted(arrays)}, not x_train, y_train and x_test, "
+                              "y_test (or x_validation, y_validation). Name them so when saving (np.savez(..., "
+                              "x_train=..., y_train=..., x_test=..., y_test=...)), or map yours to the splits with "
+                              "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS.")
     splits = {}
     for split, names in pairs.items():
         missing = [name for name in names if name not in arrays]

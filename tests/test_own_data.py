@@ -186,6 +186,7 @@ def _bad_inputs(root) -> dict:
     """{case: (arguments, words the one error line must hold)}."""
     np.savez(f"{root}/wide.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4, int), x_test=np.zeros((2, 5)),
              y_test=np.zeros(2, int))
+    np.savez(f"{root}/odd_keys.npz", features=np.zeros((4, 3)), labels=np.zeros(4, int))
     with open(f"{root}/train.csv", "w") as handle:
         handle.write("a,b,label\n1,2,0\n3,4,1\n")
     with open(f"{root}/ragged.csv", "w") as handle:
@@ -237,6 +238,9 @@ def _bad_inputs(root) -> dict:
         "NaN in a TFRecord": ([f"--from_tfrecord=train={root}/nan-*.tfrecord,test={root}/nan-*.tfrecord",
                                "--features=x:float32[2],label:int64"],
                               ["split 'train'", "feature 'x'", "row index 1, position 1 is nan"]),
+        "npz without x_train": ([f"--from_npz={root}/odd_keys.npz"],
+                                ["odd_keys.npz", "has the arrays ['features', 'labels']", "x_train",
+                                 "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS"]),
         "registered name": (["--name=mnist", f"--from_npz={root}/wide.npz"], ["mnist", "--name=my_mnist"]),
         "bundled dataset's name": (["--name=synthetic_reviews", f"--from_npz={root}/wide.npz"],
                                    ["--name='synthetic_reviews'", "data/registry.py", "--name=my_synthetic_reviews"]),
