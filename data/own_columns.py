@@ -37,16 +37,17 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
         raise ConfigError(f"Inputs of shape {shape} and dtype {first_inputs.dtype} per example are neither a "
                           "feature vector (shape (D,), numbers) nor an image (uint8, (H, W) or (H, W, C)); reshape "
                           "rows to vectors, or images to uint8.")
-    all_labels = np.concatenate([labels for _, labels in splits.values()])
-    label_key, label_feature, to_ids = _label_feature(all_labels, label_kind, class_names)
+    label_key, label_feature, to_ids = _label_feature({split: labels for split, (_, labels) in splits.items()},
+                                                      label_kind, class_names)
     staged = {split: {input_key: convert(inputs), label_key: to_ids(labels)}
               for split, (inputs, labels) in splits.items()}
     return tfds.features.FeaturesDict({input_key: input_feature, label_key: label_feature}), staged
 
 
-def _label_feature(labels: np.ndarray, kind: str, class_names: list[str] | None):
+def _label_feature(split_labels: dict[str, np.ndarray], kind: str, class_names: list[str] | None):
     import tensorflow_datasets as tfds
 
+    labels = np.concatenate(list(split_labels.values()))
     if labels.ndim != 1:
         raise ConfigError(f"Labels must be one value per example; got shape {labels.shape[1:]} per example.")
     if class_names is not None:
@@ -62,7 +63,20 @@ def _label_feature(labels: np.ndarray, kind: str, class_names: list[str] | None)
         return ("label", tfds.features.ClassLabel(names=names),
                 lambda values: np.searchsorted(names, values).astype(np.int64))
     if not integral or labels.min() < 0:
-        raise ConfigError(f"Class labels must be integers >= 0 (got values like {labels[:3].tolist()}); use "
-                          "--label_kind=number for a regression target.")
+        raise ConfigError(f"Class labels must be integers >= 0; these are not: {_not_class_ids(split_labels)}. "
+                          "Number the classes 0, 1, 2, ... the same way in every split, or pass --label_kind=number "
+                          "for a regression target.")
     return ("label", tfds.features.ClassLabel(num_classes=int(labels.max()) + 1),
             lambda values: values.astype(np.int64))
+
+
+def _not_class_ids(split_labels: dict[str, np.ndarray]) -> str:
+    """The labels per split that are negative or not whole numbers: "split 'train': -1, 0.5 (3 labels)"."""
+    found = []
+    for split, labels in split_labels.items():
+        wrong = labels[(np.mod(labels, 1) != 0) | (labels < 0)]
+        values = np.unique(wrong).tolist()
+        if values:
+            found.append(f"split {split!r}: {', '.join(map(str, values[:5]))}{', ...' if len(values) > 5 else ''} "
+                         f"({len(wrong)} label{'s' if len(wrong) > 1 else ''})")
+    return "; ".join(found)

@@ -186,6 +186,8 @@ def _bad_inputs(root) -> dict:
     """{case: (arguments, words the one error line must hold)}."""
     np.savez(f"{root}/wide.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4, int), x_test=np.zeros((2, 5)),
              y_test=np.zeros(2, int))
+    np.savez(f"{root}/negative.npz", x_train=np.zeros((4, 3)), y_train=np.array([1, 1, 0, -1]), x_test=np.zeros((3, 3)),
+             y_test=np.array([-2, 1, -2]))
     np.savez(f"{root}/odd_keys.npz", features=np.zeros((4, 3)), labels=np.zeros(4, int))
     with open(f"{root}/train.csv", "w") as handle:
         handle.write("a,b,label\n1,2,0\n3,4,1\n")
@@ -241,6 +243,9 @@ def _bad_inputs(root) -> dict:
         "npz without x_train": ([f"--from_npz={root}/odd_keys.npz"],
                                 ["odd_keys.npz", "has the arrays ['features', 'labels']", "x_train",
                                  "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS"]),
+        "negative class": ([f"--from_npz={root}/negative.npz"],
+                           ["integers >= 0", "split 'train': -1 (1 label); split 'test': -2 (2 labels)",
+                            "Number the classes 0, 1, 2", "--label_kind=number"]),
         "registered name": (["--name=mnist", f"--from_npz={root}/wide.npz"], ["mnist", "--name=my_mnist"]),
         "bundled dataset's name": (["--name=synthetic_reviews", f"--from_npz={root}/wide.npz"],
                                    ["--name='synthetic_reviews'", "data/registry.py", "--name=my_synthetic_reviews"]),
