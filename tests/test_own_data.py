@@ -211,6 +211,8 @@ def _bad_inputs(root) -> dict:
     tfrecords = "--features=x:float32[4],label:int64"
     _write_images(f"{root}/images", {"train": 2, "test": 1})
     tf.io.write_file(f"{root}/images/test/red/big.png", tf.io.encode_png(np.zeros((9, 9, 3), np.uint8)))
+    _write_images(f"{root}/modes", {"train": 2, "test": 1})
+    tf.io.write_file(f"{root}/modes/train/red/gray.png", tf.io.encode_png(np.zeros((8, 8, 1), np.uint8)))
     return {
         "missing file": ([f"--from_npz={root}/nothing.npz"], ["nothing.npz", "no such file"]),
         "missing CSV file": ([f"--from_csv=train={root}/nothing.csv,test={root}/train.csv"],
@@ -224,7 +226,10 @@ def _bad_inputs(root) -> dict:
         "missing label column": ([f"--from_csv=train={root}/train.csv,test={root}/train.csv", "--label=species"],
                                  ["--label='species'", "columns", "'a', 'b', 'label'"]),
         "inconsistent shapes": ([f"--from_npz={root}/wide.npz"], ["different shapes", "(3,)", "(5,)"]),
-        "image shapes": ([f"--from_image_folder={root}/images"], ["big.png", "(9, 9, 3)", "Resize"]),
+        "image shapes": ([f"--from_image_folder={root}/images"], ["big.png", "(9, 9, 3)", "Resize them to one size."]),
+        "image modes": ([f"--from_image_folder={root}/modes"],
+                        ["gray.png is (8, 8, 1)", ".png is (8, 8, 3). Convert them to one colour mode",
+                         "(the first is grayscale, the second RGB; e.g. all RGB", ".convert('RGB')"]),
         "unknown dtype": ([f"--from_tfrecord=train={root}/*.tfrecord,test={root}/*.tfrecord",
                            "--features=x:float16[4],label:int64"], ["float16", "unknown dtype", "float32"]),
         "no test split": ([f"--from_csv=train={root}/train.csv"], ["'train'", "'test'"]),
