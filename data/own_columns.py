@@ -41,7 +41,25 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
                                                       label_kind, class_names)
     staged = {split: {input_key: convert(inputs), label_key: to_ids(labels)}
               for split, (inputs, labels) in splits.items()}
+    if isinstance(label_feature, tfds.features.ClassLabel):
+        _check_classes_in_train(staged, label_feature)
     return tfds.features.FeaturesDict({input_key: input_feature, label_key: label_feature}), staged
+
+
+def _check_classes_in_train(staged: dict, classes) -> None:
+    """Every class of an evaluation split must have examples in 'train': a model cannot learn a class it never sees,
+    so such examples would all count as errors (most often a misspelt class folder or a file of the wrong split)."""
+    trained = set(staged["train"]["label"].tolist())
+    for split, columns in staged.items():
+        ids, counts = np.unique(columns["label"], return_counts=True)
+        unseen = [(classes.int2str(int(i)), int(count)) for i, count in zip(ids, counts, strict=True)
+                  if int(i) not in trained]
+        if unseen:
+            listed = ", ".join(f"{name!r} ({count} example{'s' if count > 1 else ''})" for name, count in unseen)
+            raise ConfigError(f"Split {split!r} has classes that split 'train' has no examples of: {listed}. A model "
+                              "cannot learn a class it never sees in training, so these would all count as errors. "
+                              "Move some of their examples into train (or fix the class name if it is misspelt), or "
+                              f"remove them from {split!r}, then stage again.")
 
 
 def _label_feature(split_labels: dict[str, np.ndarray], kind: str, class_names: list[str] | None):

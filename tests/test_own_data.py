@@ -213,6 +213,11 @@ def _bad_inputs(root) -> dict:
     tf.io.write_file(f"{root}/images/test/red/big.png", tf.io.encode_png(np.zeros((9, 9, 3), np.uint8)))
     _write_images(f"{root}/modes", {"train": 2, "test": 1})
     tf.io.write_file(f"{root}/modes/train/red/gray.png", tf.io.encode_png(np.zeros((8, 8, 1), np.uint8)))
+    _write_images(f"{root}/unseen", {"train": 2, "test": 1})
+    os.makedirs(f"{root}/unseen/test/green")
+    tf.io.write_file(f"{root}/unseen/test/green/0.png", tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)))
+    np.savez(f"{root}/unseen.npz", x_train=np.zeros((4, 3)), y_train=np.array([0, 1, 1, 0]), x_test=np.zeros((3, 3)),
+             y_test=np.array([3, 1, 3]))
     return {
         "missing file": ([f"--from_npz={root}/nothing.npz"], ["nothing.npz", "no such file"]),
         "missing CSV file": ([f"--from_csv=train={root}/nothing.csv,test={root}/train.csv"],
@@ -251,6 +256,11 @@ def _bad_inputs(root) -> dict:
         "negative class": ([f"--from_npz={root}/negative.npz"],
                            ["integers >= 0", "split 'train': -1 (1 label); split 'test': -2 (2 labels)",
                             "Number the classes 0, 1, 2", "--label_kind=number"]),
+        "image class only in test": ([f"--from_image_folder={root}/unseen"],
+                                     ["Split 'test' has classes that split 'train' has no examples of: 'green' (1 "
+                                      "example)", "Move some of their examples into train"]),
+        "npz class only in test": ([f"--from_npz={root}/unseen.npz"],
+                                   ["Split 'test'", "no examples of: '3' (2 examples)", "remove them from 'test'"]),
         "registered name": (["--name=mnist", f"--from_npz={root}/wide.npz"], ["mnist", "--name=my_mnist"]),
         "bundled dataset's name": (["--name=synthetic_reviews", f"--from_npz={root}/wide.npz"],
                                    ["--name='synthetic_reviews'", "data/registry.py", "--name=my_synthetic_reviews"]),
@@ -286,13 +296,13 @@ def test_text_labels_become_sorted_class_names_and_float_labels_a_target():
     from data.own_columns import columns
 
     rows = np.zeros((3, 2), np.float32)
-    features, staged = columns({"train": (rows, np.array(["iris", "daisy", "iris"])),
+    features, staged = columns({"train": (rows, np.array(["iris", "daisy", "rose"])),
                                 "test": (rows[:1], np.array(["rose"]))})
     assert features["label"].names == ["daisy", "iris", "rose"]
-    np.testing.assert_array_equal(staged["train"]["label"], [1, 0, 1])
+    np.testing.assert_array_equal(staged["train"]["label"], [1, 0, 2])
     np.testing.assert_array_equal(staged["test"]["label"], [2])
     features, staged = columns({"train": (rows, np.array([0.5, 1.0, 2.0])), "test": (rows, np.array([1.0, 2, 3]))})
     assert set(features.keys()) == {"features", "target"} and staged["train"]["target"].dtype == np.float32
-    features, _ = columns({"train": (rows, np.array([0.0, 1.0, 2.0])), "test": (rows, np.array([1.0, 2, 3]))},
+    features, _ = columns({"train": (rows, np.array([0.0, 2.0, 3.0])), "test": (rows, np.array([2.0, 3, 3]))},
                           label_kind="class")
     assert features["label"].num_classes == 4
