@@ -127,8 +127,11 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
               f"DATASET='<its key>' and DATA_DIR='{data_dir}'.", flush=True)
         return
     config = STARTING_CONFIGS.get(type(spec.task).__name__, "configs/default.gin")
+    # The tabular starting config reports AUC, precision and recall, which need exactly two classes.
+    metrics = (" --gin_param=\"experiment.metrics=['accuracy']\"" if config == STARTING_CONFIGS["TabularClassification"]
+               and spec.task.num_classes != 2 else "")
     print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
-          f"--gin_param=\"DATA_DIR='{data_dir}'\" --model_dir=runs/{name}\n"
+          f"--gin_param=\"DATA_DIR='{data_dir}'\"{metrics} --model_dir=runs/{name}\n"
           f"The task inferred from its metadata, to paste into DATASETS of data/registry.py if you want to change "
           f"it (then DATASET='{name}'):\n{registry_lines(name, spec)}", flush=True)
 

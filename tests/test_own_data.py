@@ -10,6 +10,8 @@ matters); one data_dir per module holds every staged dataset.
 import json
 import os
 import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -152,6 +154,23 @@ def test_own_data_stages_into_gcs_and_trains_from_there(staged, gcs, gcs_bucket,
     assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={staged['inputs']['npz']}", "--force") == 0
     assert gcs.client().bucket(gcs_bucket).get_blob(info).generation != generation  # Deleted and stored anew.
     assert tfds.builder("own_npz", data_dir=data_dir).info.splits["train"].num_examples == 400
+
+
+def test_the_printed_training_command_runs_for_three_classes(tmp_path, capsys):
+    """The command data.stage prints, copied verbatim (only shortened, and its model_dir moved to tmp_path), trains a
+    3-class tabular dataset: the starting config's two-class metrics (AUC, precision, recall) are replaced."""
+    standard = np.random.default_rng(4).standard_normal((300, 4))
+    rows, labels = (standard * SCALES + OFFSETS).astype(np.float32), np.digitize(standard[:, 0], [-0.5, 0.5])
+    np.savez(tmp_path / "three.npz", x_train=rows[:240], y_train=labels[:240], x_test=rows[240:], y_test=labels[240:])
+    assert _stage("--name=three_classes", f"--data_dir={tmp_path}/tfds", f"--from_npz={tmp_path}/three.npz") == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("Train it: ")]
+    command = shlex.split(line[len("Train it: "):])
+    assert command[:2] == ["python", "train.py"] and "TabularClassification(num_features=4, num_classes=3)" in out, out
+    result = subprocess.run([sys.executable, *command[1:], *TINY, f"--model_dir={tmp_path / 'run'}"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(json.load(open(tmp_path / "run" / "metrics.json"))["eval"]) >= {"accuracy"}
 
 
 def test_a_dataset_that_is_not_staged_names_the_stage_command_in_one_line(tmp_path):
