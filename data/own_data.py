@@ -4,7 +4,8 @@ layout (`DATA_DIR/NAME/1.0.0/`), so `DATASET='tfds:NAME'` trains from it with no
 
 The sources are read and checked first (data/own_sources.py, data/own_images.py) and their features decided
 (data/own_columns.py); only then is anything written.
-A dataset already there is left alone unless `force`, which deletes that version and stores it anew.
+A dataset already there is left alone unless `force`, which deletes that version and stores it anew; a fingerprint of
+its source (data/own_fingerprint.py), written last, tells whether it was staged from the same source.
 """
 
 import logging
@@ -61,16 +62,21 @@ def read_source(args) -> tuple:
     return columns(splits, args.label_kind, class_names)
 
 
-def store(name: str, data_dir: str, features, splits: dict, *, force: bool = False, description: str = "") -> bool:
-    """Writes `splits` ({split: {feature: array}}) as TFDS dataset `name` into `data_dir`; False when it was there
-    already and not `force` (nothing written)."""
+def store(name: str, data_dir: str, features, splits: dict, *, source: dict, force: bool = False,
+          description: str = "") -> str:
+    """Writes `splits` ({split: {feature: array}}) as TFDS dataset `name` into `data_dir`, then the fingerprint
+    `source` (data/own_fingerprint.py): 'built'. When it was there already (and not `force`), nothing is written:
+    'same' (staged from this source), 'not compared' (staged before fingerprints were kept), or a ConfigError (staged
+    from another source: --force or another --name)."""
     import tensorflow as tf
     import tensorflow_datasets as tfds
+
+    from data import own_fingerprint
 
     version_dir = f"{data_dir.rstrip('/')}/{name}/{VERSION}"
     if tf.io.gfile.exists(f"{version_dir}/dataset_info.json"):
         if not force:
-            return False
+            return "same" if own_fingerprint.compare(version_dir, source, name, data_dir) else "not compared"
         log.info("--force: deleting %s before storing it anew.", version_dir)
         tf.io.gfile.rmtree(version_dir)
 
@@ -84,4 +90,5 @@ def store(name: str, data_dir: str, features, splits: dict, *, force: bool = Fal
         name=name, version=VERSION, features=features, data_dir=data_dir,
         split_datasets={split: examples(columns) for split, columns in splits.items()},
         description=description or "Staged with python -m data.stage.", disable_shuffling=True)
-    return True
+    own_fingerprint.write(version_dir, source)  # Last: only a complete dataset has one.
+    return "built"

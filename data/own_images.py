@@ -11,8 +11,8 @@ from data.own_sources import check_splits
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 
 
-def read_image_folder(root: str) -> tuple[dict, list[str]]:
-    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root`."""
+def list_images(root: str) -> dict[str, dict[str, list[str]]]:
+    """{split: {class: sorted image paths}} of the folder `root`: the files read_image_folder reads."""
     import tensorflow as tf
 
     if not tf.io.gfile.isdir(root):
@@ -28,6 +28,14 @@ def read_image_folder(root: str) -> tuple[dict, list[str]]:
                 listing[split][name.rstrip("/")] = sorted(
                     f"{folder}/{file}" for file in tf.io.gfile.listdir(folder)
                     if file.lower().endswith(IMAGE_EXTENSIONS))
+    return listing
+
+
+def read_image_folder(root: str) -> tuple[dict, list[str]]:
+    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root`."""
+    import tensorflow as tf
+
+    listing = list_images(root)
     class_names = sorted({name for classes in listing.values() for name in classes})
     if len(class_names) < 2:
         raise ConfigError(f"--from_image_folder={root!r} has the classes {class_names}; classification needs at "

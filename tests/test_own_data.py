@@ -10,6 +10,7 @@ matters); one data_dir per module holds every staged dataset.
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -130,6 +131,62 @@ def test_a_second_stage_does_nothing_and_force_rebuilds(staged, capsys):
     assert _stage("--name=own_npz", f"--data_dir={copy}", f"--from_npz={smaller}", "--force") == 0
     info = tfds.builder("own_npz", data_dir=copy).info
     assert (info.splits["train"].num_examples, info.splits["test"].num_examples) == (50, 10)
+
+
+def test_staging_a_name_again_compares_the_source(staged, tmp_path, capsys):
+    """Same source (even moved): nothing to do; another file, other contents or another kind of source: exit 2
+    naming both and the fix, nothing written; --force replaces it; a dataset staged before fingerprints were kept
+    stays as it is, with a note that the source could not be compared."""
+    data_dir, npz = str(tmp_path / "tfds"), staged["inputs"]["npz"]
+    version_dir = os.path.join(data_dir, "own_npz", "1.0.0")
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={npz}") == 0
+    assert os.path.exists(os.path.join(version_dir, "staged_source.json"))
+    before = {name: os.stat(os.path.join(version_dir, name)).st_mtime_ns for name in os.listdir(version_dir)}
+    shutil.copy(npz, tmp_path / "moved.npz")
+    capsys.readouterr()
+    for source in (npz, tmp_path / "moved.npz"):
+        assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={source}") == 0
+        assert "own_npz: already staged from this source in" in capsys.readouterr().out
+
+    (x, y), (x_test, y_test) = _rows(50, 2), _rows(10, 3)
+    np.savez(tmp_path / "other.npz", x_train=x, y_train=y, x_test=x_test, y_test=y_test)
+    with open(tmp_path / "rows.csv", "w") as handle:
+        handle.write("a,b,label\n1,2,0\n3,4,1\n")
+    cases = {"other file": ([f"--from_npz={tmp_path}/other.npz"], [f"staged: --from_npz={npz}; now: --from_npz="
+                                                                   f"{tmp_path}/other.npz", "the file's contents"]),
+             "other kind": ([f"--from_csv=train={tmp_path}/rows.csv,test={tmp_path}/rows.csv"],
+                            ["now: --from_csv=train=", "what differs: the kind of source"]),
+             "other flags": ([f"--from_npz={npz}", "--label_kind=number"], ["what differs: --label_kind ('auto' "
+                                                                             "then, 'number' now)"])}
+    for case, (arguments, words) in cases.items():
+        assert _stage("--name=own_npz", f"--data_dir={data_dir}", *arguments) == 2, case
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1, (case, error)
+        for word in (*words, f"--name='own_npz' is already staged in {data_dir} from another source", "--force",
+                     "another --name (e.g. --name=own_npz_2)"):
+            assert word in error, (case, word, error)
+    assert {name: os.stat(os.path.join(version_dir, name)).st_mtime_ns for name in os.listdir(version_dir)} == before
+
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={tmp_path}/other.npz", "--force") == 0
+    assert tfds.builder("own_npz", data_dir=data_dir).info.splits["train"].num_examples == 50
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={tmp_path}/other.npz") == 0
+    assert "already staged from this source" in capsys.readouterr().out
+
+    os.remove(os.path.join(version_dir, "staged_source.json"))  # As staged before fingerprints were kept.
+    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={npz}") == 0
+    out = capsys.readouterr().out
+    assert "own_npz: already staged in" in out and "cannot compare" in out and "pass --force" in out, out
+    assert tfds.builder("own_npz", data_dir=data_dir).info.splits["train"].num_examples == 50  # Left as it was.
+
+
+def test_an_image_folder_staged_again_is_compared_by_its_files(tmp_path, capsys):
+    _write_images(str(tmp_path / "images"), {"train": 2, "test": 1})
+    arguments = ["--name=own_folder", f"--data_dir={tmp_path}/tfds", f"--from_image_folder={tmp_path}/images"]
+    assert _stage(*arguments) == 0
+    assert _stage(*arguments) == 0 and "already staged from this source" in capsys.readouterr().out
+    tf.io.write_file(f"{tmp_path}/images/train/red/0.png", tf.io.encode_png(np.full((8, 8, 3), 7, np.uint8)))
+    assert _stage(*arguments) == 2
+    assert "the image files (names, sizes or modification times)" in capsys.readouterr().err
 
 
 @pytest.mark.slow
