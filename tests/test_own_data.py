@@ -1,7 +1,8 @@
 """Bring your own data: each source (.npz arrays, CSV, TFRecord + feature spec, image folder) staged with
 `python -m data.stage --from_...` becomes a TFDS dataset whose metadata holds its features and split sizes, and trains
 by name (`DATASET='tfds:NAME'`) through train.py, locally and from gs:// (loopback server); --force rebuilds, a second
-stage without it writes nothing; bad inputs exit 2 with one line; a staged tabular dataset's export serves raw rows.
+stage without it writes nothing; a staged tabular dataset's export serves raw rows; the printed training command runs.
+What data.stage refuses (bad inputs, another source under a staged name) is tested in test_own_data_checks.py.
 
 The data are generated here, learnable from raw values on very different scales (so the task's standardisation
 matters); one data_dir per module holds every staged dataset.
@@ -10,7 +11,6 @@ matters); one data_dir per module holds every staged dataset.
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 
@@ -20,7 +20,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from data import stage
-from helpers import REPO_ROOT, run_module, run_train_py
+from helpers import REPO_ROOT, run_module, run_train_py, write_class_images
 
 TINY = ["--gin_param=TRAIN_STEPS=60", "--gin_param=STEPS_PER_LOOP=20", "--gin_param=EVAL_EVERY=0",
         "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=cosine.warmup_steps=5", "--gin_param=GLOBAL_BATCH_SIZE=32"]
@@ -36,18 +36,6 @@ def _rows(count: int, seed: int):
 
 def _stage(*args: str) -> int:
     return stage.main(list(args))
-
-
-def _write_images(root: str, sizes: dict, shape=(8, 8, 3)) -> None:
-    """root/SPLIT/CLASS/*.png: 'red' images are bright in channel 0, 'blue' in channel 2 (plus noise)."""
-    rng = np.random.default_rng(1)
-    for split, count in sizes.items():
-        for channel, name in ((0, "red"), (2, "blue")):
-            os.makedirs(f"{root}/{split}/{name}")
-            for index in range(count):
-                image = rng.integers(0, 90, shape).astype(np.uint8)
-                image[..., channel] += 150
-                tf.io.write_file(f"{root}/{split}/{name}/{index}.png", tf.io.encode_png(image))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +63,7 @@ def staged(tmp_path_factory) -> dict:
                   f"test={root}/test.csv", "--label=price") == 0
     assert _stage("--name=own_tfrecord", f"--data_dir={data_dir}", f"--from_tfrecord=train={root}/train-*.tfrecord,"
                   f"test={root}/test-*.tfrecord", "--features=x:float32[4],y:int64", "--label=y") == 0
-    _write_images(str(root / "images"), {"train": 40, "test": 10})
+    write_class_images(str(root / "images"), {"train": 40, "test": 10})
     assert _stage("--name=own_images", f"--data_dir={data_dir}", f"--from_image_folder={root}/images") == 0
     return {"data_dir": data_dir, "root": root, "inputs": inputs, "test": (x_test, y_test)}
 
@@ -131,62 +119,6 @@ def test_a_second_stage_does_nothing_and_force_rebuilds(staged, capsys):
     assert _stage("--name=own_npz", f"--data_dir={copy}", f"--from_npz={smaller}", "--force") == 0
     info = tfds.builder("own_npz", data_dir=copy).info
     assert (info.splits["train"].num_examples, info.splits["test"].num_examples) == (50, 10)
-
-
-def test_staging_a_name_again_compares_the_source(staged, tmp_path, capsys):
-    """Same source (even moved): nothing to do; another file, other contents or another kind of source: exit 2
-    naming both and the fix, nothing written; --force replaces it; a dataset staged before fingerprints were kept
-    stays as it is, with a note that the source could not be compared."""
-    data_dir, npz = str(tmp_path / "tfds"), staged["inputs"]["npz"]
-    version_dir = os.path.join(data_dir, "own_npz", "1.0.0")
-    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={npz}") == 0
-    assert os.path.exists(os.path.join(version_dir, "staged_source.json"))
-    before = {name: os.stat(os.path.join(version_dir, name)).st_mtime_ns for name in os.listdir(version_dir)}
-    shutil.copy(npz, tmp_path / "moved.npz")
-    capsys.readouterr()
-    for source in (npz, tmp_path / "moved.npz"):
-        assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={source}") == 0
-        assert "own_npz: already staged from this source in" in capsys.readouterr().out
-
-    (x, y), (x_test, y_test) = _rows(50, 2), _rows(10, 3)
-    np.savez(tmp_path / "other.npz", x_train=x, y_train=y, x_test=x_test, y_test=y_test)
-    with open(tmp_path / "rows.csv", "w") as handle:
-        handle.write("a,b,label\n1,2,0\n3,4,1\n")
-    cases = {"other file": ([f"--from_npz={tmp_path}/other.npz"], [f"staged: --from_npz={npz}; now: --from_npz="
-                                                                   f"{tmp_path}/other.npz", "the file's contents"]),
-             "other kind": ([f"--from_csv=train={tmp_path}/rows.csv,test={tmp_path}/rows.csv"],
-                            ["now: --from_csv=train=", "what differs: the kind of source"]),
-             "other flags": ([f"--from_npz={npz}", "--label_kind=number"], ["what differs: --label_kind ('auto' "
-                                                                             "then, 'number' now)"])}
-    for case, (arguments, words) in cases.items():
-        assert _stage("--name=own_npz", f"--data_dir={data_dir}", *arguments) == 2, case
-        error = capsys.readouterr().err.strip()
-        assert len(error.splitlines()) == 1, (case, error)
-        for word in (*words, f"--name='own_npz' is already staged in {data_dir} from another source", "--force",
-                     "another --name (e.g. --name=own_npz_2)"):
-            assert word in error, (case, word, error)
-    assert {name: os.stat(os.path.join(version_dir, name)).st_mtime_ns for name in os.listdir(version_dir)} == before
-
-    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={tmp_path}/other.npz", "--force") == 0
-    assert tfds.builder("own_npz", data_dir=data_dir).info.splits["train"].num_examples == 50
-    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={tmp_path}/other.npz") == 0
-    assert "already staged from this source" in capsys.readouterr().out
-
-    os.remove(os.path.join(version_dir, "staged_source.json"))  # As staged before fingerprints were kept.
-    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={npz}") == 0
-    out = capsys.readouterr().out
-    assert "own_npz: already staged in" in out and "cannot compare" in out and "pass --force" in out, out
-    assert tfds.builder("own_npz", data_dir=data_dir).info.splits["train"].num_examples == 50  # Left as it was.
-
-
-def test_an_image_folder_staged_again_is_compared_by_its_files(tmp_path, capsys):
-    _write_images(str(tmp_path / "images"), {"train": 2, "test": 1})
-    arguments = ["--name=own_folder", f"--data_dir={tmp_path}/tfds", f"--from_image_folder={tmp_path}/images"]
-    assert _stage(*arguments) == 0
-    assert _stage(*arguments) == 0 and "already staged from this source" in capsys.readouterr().out
-    tf.io.write_file(f"{tmp_path}/images/train/red/0.png", tf.io.encode_png(np.full((8, 8, 3), 7, np.uint8)))
-    assert _stage(*arguments) == 2
-    assert "the image files (names, sizes or modification times)" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -258,104 +190,6 @@ def test_staged_data_that_no_shipped_task_fits_is_staged_and_says_what_to_do(tmp
             "data/registry.py") in out
 
 
-def _bad_inputs(root) -> dict:
-    """{case: (arguments, words the one error line must hold)}."""
-    np.savez(f"{root}/wide.npz", x_train=np.zeros((4, 3)), y_train=np.zeros(4, int), x_test=np.zeros((2, 5)),
-             y_test=np.zeros(2, int))
-    np.savez(f"{root}/negative.npz", x_train=np.zeros((4, 3)), y_train=np.array([1, 1, 0, -1]), x_test=np.zeros((3, 3)),
-             y_test=np.array([-2, 1, -2]))
-    np.savez(f"{root}/odd_keys.npz", features=np.zeros((4, 3)), labels=np.zeros(4, int))
-    with open(f"{root}/train.csv", "w") as handle:
-        handle.write("a,b,label\n1,2,0\n3,4,1\n")
-    with open(f"{root}/ragged.csv", "w") as handle:
-        handle.write("a,b,label\n1,2,0\n3,4,5,1\n")
-    with open(f"{root}/nan.csv", "w") as handle:
-        handle.write("a,b,label\n1,2,0\n3,nan,1\n")
-    with open(f"{root}/inf.csv", "w") as handle:
-        handle.write("a,b,label\n1,2,0.5\n3,4,0.25\n5,6,inf\n")
-    inputs, targets, holes = np.ones((4, 3)), np.ones(4), np.ones((4, 3))
-    holes[2, 1] = holes[3, 0] = np.nan
-    np.savez(f"{root}/nan.npz", x_train=inputs, y_train=targets, x_test=holes, y_test=targets)
-    np.savez(f"{root}/inf.npz", x_train=inputs, y_train=np.array([0.0, 1.0, -np.inf, 1.0]), x_test=inputs,
-             y_test=targets)
-    with tf.io.TFRecordWriter(f"{root}/nan-0.tfrecord") as writer:
-        for row in ([1.0, 2.0], [3.0, float("nan")]):
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
-                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[0]))})).SerializeToString())
-    open(f"{root}/empty-0.tfrecord", "wb").close()
-    tfrecords = "--features=x:float32[4],label:int64"
-    _write_images(f"{root}/images", {"train": 2, "test": 1})
-    tf.io.write_file(f"{root}/images/test/red/big.png", tf.io.encode_png(np.zeros((9, 9, 3), np.uint8)))
-    _write_images(f"{root}/modes", {"train": 2, "test": 1})
-    tf.io.write_file(f"{root}/modes/train/red/gray.png", tf.io.encode_png(np.zeros((8, 8, 1), np.uint8)))
-    _write_images(f"{root}/unseen", {"train": 2, "test": 1})
-    os.makedirs(f"{root}/unseen/test/green")
-    tf.io.write_file(f"{root}/unseen/test/green/0.png", tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)))
-    np.savez(f"{root}/unseen.npz", x_train=np.zeros((4, 3)), y_train=np.array([0, 1, 1, 0]), x_test=np.zeros((3, 3)),
-             y_test=np.array([3, 1, 3]))
-    return {
-        "missing file": ([f"--from_npz={root}/nothing.npz"], ["nothing.npz", "no such file"]),
-        "missing CSV file": ([f"--from_csv=train={root}/nothing.csv,test={root}/train.csv"],
-                             ["nothing.csv", "no such file", "Pass an existing CSV path"]),
-        "wrong field count": ([f"--from_csv=train={root}/ragged.csv,test={root}/train.csv"],
-                              ["ragged.csv, line 3: 4 fields, the header has 3", "Fix or remove that line"]),
-        "glob without files": ([f"--from_tfrecord=train={root}/none-*.tfrecord,test={root}/none-*.tfrecord",
-                                tfrecords], ["none-*.tfrecord", "matches no file", "Check the folder"]),
-        "files without records": ([f"--from_tfrecord=train={root}/empty-*.tfrecord,test={root}/empty-*.tfrecord",
-                                   tfrecords], ["holds no records", "empty-0.tfrecord", "Check that the glob"]),
-        "missing label column": ([f"--from_csv=train={root}/train.csv,test={root}/train.csv", "--label=species"],
-                                 ["--label='species'", "columns", "'a', 'b', 'label'"]),
-        "inconsistent shapes": ([f"--from_npz={root}/wide.npz"], ["different shapes", "(3,)", "(5,)"]),
-        "image shapes": ([f"--from_image_folder={root}/images"], ["big.png", "(9, 9, 3)", "Resize them to one size."]),
-        "image modes": ([f"--from_image_folder={root}/modes"],
-                        ["gray.png is (8, 8, 1)", ".png is (8, 8, 3). Convert them to one colour mode",
-                         "(the first is grayscale, the second RGB; e.g. all RGB", ".convert('RGB')"]),
-        "unknown dtype": ([f"--from_tfrecord=train={root}/*.tfrecord,test={root}/*.tfrecord",
-                           "--features=x:float16[4],label:int64"], ["float16", "unknown dtype", "float32"]),
-        "no test split": ([f"--from_csv=train={root}/train.csv"], ["'train'", "'test'"]),
-        "NaN in a CSV feature": ([f"--from_csv=train={root}/nan.csv,test={root}/train.csv"],
-                                 ["nan.csv", "split 'train'", "column 'b'", "row index 1 (line 3) is nan",
-                                  "Drop those rows"]),
-        "inf in a CSV target": ([f"--from_csv=train={root}/train.csv,test={root}/inf.csv"],
-                                ["inf.csv", "split 'test'", "column 'label'", "row index 2 (line 4) is inf"]),
-        "NaN in npz inputs": ([f"--from_npz={root}/nan.npz"],
-                              ["nan.npz", "split 'test'", "array 'x_test'", "row index 2, position 1 is nan"]),
-        "inf in npz targets": ([f"--from_npz={root}/inf.npz"],
-                               ["split 'train'", "array 'y_train'", "row index 2 is -inf"]),
-        "NaN in a TFRecord": ([f"--from_tfrecord=train={root}/nan-*.tfrecord,test={root}/nan-*.tfrecord",
-                               "--features=x:float32[2],label:int64"],
-                              ["split 'train'", "feature 'x'", "row index 1, position 1 is nan"]),
-        "npz without x_train": ([f"--from_npz={root}/odd_keys.npz"],
-                                ["odd_keys.npz", "has the arrays ['features', 'labels']", "x_train",
-                                 "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS"]),
-        "negative class": ([f"--from_npz={root}/negative.npz"],
-                           ["integers >= 0", "split 'train': -1 (1 label); split 'test': -2 (2 labels)",
-                            "Number the classes 0, 1, 2", "--label_kind=number"]),
-        "image class only in test": ([f"--from_image_folder={root}/unseen"],
-                                     ["Split 'test' has classes that split 'train' has no examples of: 'green' (1 "
-                                      "example)", "Move some of their examples into train"]),
-        "npz class only in test": ([f"--from_npz={root}/unseen.npz"],
-                                   ["Split 'test'", "no examples of: '3' (2 examples)", "remove them from 'test'"]),
-        "registered name": (["--name=mnist", f"--from_npz={root}/wide.npz"], ["mnist", "--name=my_mnist"]),
-        "bundled dataset's name": (["--name=synthetic_reviews", f"--from_npz={root}/wide.npz"],
-                                   ["--name='synthetic_reviews'", "data/registry.py", "--name=my_synthetic_reviews"]),
-        "bundled builder's name": (["--name=sklearn_digits", f"--from_npz={root}/wide.npz"],
-                                   ["DATASET='digits'", "--name=my_sklearn_digits"]),
-    }
-
-
-def test_bad_inputs_exit_2_with_one_line_naming_the_value_and_the_fix(tmp_path, capsys):
-    for case, (arguments, words) in _bad_inputs(tmp_path).items():
-        name = [] if any(arg.startswith("--name") for arg in arguments) else ["--name=bad_data"]
-        assert _stage(*name, f"--data_dir={tmp_path}/tfds", *arguments) == 2, case
-        error = capsys.readouterr().err.strip()
-        assert len(error.splitlines()) == 1 and error.startswith("error: "), (case, error)
-        for word in words:
-            assert word in error, (case, word, error)
-    assert not os.path.exists(f"{tmp_path}/tfds/bad_data"), "nothing is written for bad inputs"
-
-
 def test_the_readme_commands_parse_and_name_each_source():
     """The README's "Bring your own data" commands are valid command lines of data.stage, one per source."""
     readme = open(os.path.join(REPO_ROOT, "README.md")).read()
@@ -366,19 +200,3 @@ def test_the_readme_commands_parse_and_name_each_source():
         args = stage.parse_args(command[3:])
         sources |= {flag for flag in stage.SOURCES if getattr(args, flag)}
     assert sources == set(stage.SOURCES), commands
-
-
-def test_text_labels_become_sorted_class_names_and_float_labels_a_target():
-    from data.own_columns import columns
-
-    rows = np.zeros((3, 2), np.float32)
-    features, staged = columns({"train": (rows, np.array(["iris", "daisy", "rose"])),
-                                "test": (rows[:1], np.array(["rose"]))})
-    assert features["label"].names == ["daisy", "iris", "rose"]
-    np.testing.assert_array_equal(staged["train"]["label"], [1, 0, 2])
-    np.testing.assert_array_equal(staged["test"]["label"], [2])
-    features, staged = columns({"train": (rows, np.array([0.5, 1.0, 2.0])), "test": (rows, np.array([1.0, 2, 3]))})
-    assert set(features.keys()) == {"features", "target"} and staged["train"]["target"].dtype == np.float32
-    features, _ = columns({"train": (rows, np.array([0.0, 2.0, 3.0])), "test": (rows, np.array([2.0, 3, 3]))},
-                          label_kind="class")
-    assert features["label"].num_classes == 4
