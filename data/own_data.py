@@ -2,8 +2,10 @@
 `tfds.dataset_builders.store_as_tfds_dataset`: the shards, the features and the split sizes land in the standard
 layout (`DATA_DIR/NAME/1.0.0/`), so `DATASET='tfds:NAME'` trains from it with no builder code (data/staged_spec.py).
 
-The sources are read and checked first (data/own_sources.py, data/own_images.py); only then is anything written.
-A dataset already there is left alone unless `force`, which deletes that version and stores it anew.
+The sources are read and checked first (data/own_sources.py, data/own_images.py) and their features decided
+(data/own_columns.py); only then is anything written.
+A dataset already there is left alone unless `force`, which deletes that version and stores it anew; a fingerprint of
+its source (data/own_fingerprint.py), written last, tells whether it was staged from the same source.
 """
 
 import logging
@@ -16,14 +18,22 @@ VERSION = "1.0.0"
 
 
 def check_name(name: str) -> None:
-    """A new TFDS dataset name: snake_case, and not a dataset TFDS already registers (that would shadow it)."""
+    """A new TFDS dataset name: snake_case, and neither a dataset TFDS already registers nor the TFDS name of one of
+    the template's bundled datasets (data/registry.py): either would be shadowed, or mix its builder's metadata with
+    the staged files."""
     import re
 
     import tensorflow_datasets as tfds
 
+    from data.registry import DATASETS
+
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name or ""):
         raise ConfigError(f"--name={name!r} is not a TFDS dataset name: use lower-case letters, digits and _, "
                           "starting with a letter (e.g. --name=my_data).")
+    bundled = next((key for key, spec in DATASETS.items() if spec.tfds_name == name), None)
+    if bundled is not None:
+        raise ConfigError(f"--name={name!r} is the TFDS name of the template's dataset DATASET={bundled!r} "
+                          f"(data/registry.py); choose another name (e.g. --name=my_{name}).")
     if name in tfds.list_builders(with_community_datasets=False):
         raise ConfigError(f"--name={name!r} is a dataset TFDS already knows; choose another name (e.g. "
                           f"--name=my_{name}).")
@@ -32,6 +42,7 @@ def check_name(name: str) -> None:
 def read_source(args) -> tuple:
     """(features, {split: {feature: array}}) from the one --from_* source of the parsed command line `args`."""
     from data import own_sources
+    from data.own_columns import columns
 
     class_names = None
     if args.from_npz:
@@ -48,19 +59,24 @@ def read_source(args) -> tuple:
         from data.own_images import read_image_folder
 
         splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"))
-    return own_sources.columns(splits, args.label_kind, class_names)
+    return columns(splits, args.label_kind, class_names)
 
 
-def store(name: str, data_dir: str, features, splits: dict, *, force: bool = False, description: str = "") -> bool:
-    """Writes `splits` ({split: {feature: array}}) as TFDS dataset `name` into `data_dir`; False when it was there
-    already and not `force` (nothing written)."""
+def store(name: str, data_dir: str, features, splits: dict, *, source: dict, force: bool = False,
+          description: str = "") -> str:
+    """Writes `splits` ({split: {feature: array}}) as TFDS dataset `name` into `data_dir`, then the fingerprint
+    `source` (data/own_fingerprint.py): 'built'. When it was there already (and not `force`), nothing is written:
+    'same' (staged from this source), 'not compared' (staged before fingerprints were kept), or a ConfigError (staged
+    from another source: --force or another --name)."""
     import tensorflow as tf
     import tensorflow_datasets as tfds
+
+    from data import own_fingerprint
 
     version_dir = f"{data_dir.rstrip('/')}/{name}/{VERSION}"
     if tf.io.gfile.exists(f"{version_dir}/dataset_info.json"):
         if not force:
-            return False
+            return "same" if own_fingerprint.compare(version_dir, source, name, data_dir) else "not compared"
         log.info("--force: deleting %s before storing it anew.", version_dir)
         tf.io.gfile.rmtree(version_dir)
 
@@ -74,4 +90,5 @@ def store(name: str, data_dir: str, features, splits: dict, *, force: bool = Fal
         name=name, version=VERSION, features=features, data_dir=data_dir,
         split_datasets={split: examples(columns) for split, columns in splits.items()},
         description=description or "Staged with python -m data.stage.", disable_shuffling=True)
-    return True
+    own_fingerprint.write(version_dir, source)  # Last: only a complete dataset has one.
+    return "built"

@@ -11,8 +11,8 @@ from data.own_sources import check_splits
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 
 
-def read_image_folder(root: str) -> tuple[dict, list[str]]:
-    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root`."""
+def list_images(root: str) -> dict[str, dict[str, list[str]]]:
+    """{split: {class: sorted image paths}} of the folder `root`: the files read_image_folder reads."""
     import tensorflow as tf
 
     if not tf.io.gfile.isdir(root):
@@ -28,6 +28,14 @@ def read_image_folder(root: str) -> tuple[dict, list[str]]:
                 listing[split][name.rstrip("/")] = sorted(
                     f"{folder}/{file}" for file in tf.io.gfile.listdir(folder)
                     if file.lower().endswith(IMAGE_EXTENSIONS))
+    return listing
+
+
+def read_image_folder(root: str) -> tuple[dict, list[str]]:
+    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root`."""
+    import tensorflow as tf
+
+    listing = list_images(root)
     class_names = sorted({name for classes in listing.values() for name in classes})
     if len(class_names) < 2:
         raise ConfigError(f"--from_image_folder={root!r} has the classes {class_names}; classification needs at "
@@ -44,9 +52,7 @@ def read_image_folder(root: str) -> tuple[dict, list[str]]:
                                       "it.") from None
                 shapes.setdefault(image.shape, path)
                 if len(shapes) > 1:
-                    first_shape, first_path = next(iter(shapes.items()))
-                    raise ConfigError(f"Images of different shapes: {path} is {image.shape}, {first_path} is "
-                                      f"{first_shape}. Resize them to one shape first.")
+                    raise ConfigError(_mixed_shapes(path, image.shape, *next(iter(shapes.items()))[::-1]))
                 images.append(image)
                 labels.append(class_names.index(name))
         if not images:
@@ -54,3 +60,18 @@ def read_image_folder(root: str) -> tuple[dict, list[str]]:
                               "class sub-folders.")
         splits[split] = (np.stack(images).astype(np.uint8), np.asarray(labels, np.int64))
     return splits, class_names
+
+
+def _mixed_shapes(path: str, shape: tuple, first_path: str, first_shape: tuple) -> str:
+    """What differs between two images' shapes (H, W, C) and how to fix it: the size (resize) and/or the colour mode
+    (C: 1 grayscale, 2 grayscale + alpha, 3 RGB, 4 RGBA; convert)."""
+    modes = {1: "grayscale", 2: "grayscale with alpha", 3: "RGB", 4: "RGBA"}
+    fixes = []
+    if shape[:2] != first_shape[:2]:
+        fixes.append("resize them to one size")
+    if shape[2] != first_shape[2]:
+        fixes.append(f"convert them to one colour mode (the first is {modes.get(shape[2], shape[2])}, the second "
+                     f"{modes.get(first_shape[2], first_shape[2])}; e.g. all RGB: PIL's "
+                     "Image.open(f).convert('RGB').save(f))")
+    fix = " and ".join(fixes)
+    return f"Images of different shapes: {path} is {shape}, {first_path} is {first_shape}. {fix[0].upper()}{fix[1:]}."

@@ -1,12 +1,9 @@
 """Data a user already has, read into columns per split: NumPy `.npz` arrays, CSV files, TFRecord files of
 tf.train.Example (with a feature spec) and image folders (data/own_images.py).
 
-Each reader returns `{split: (inputs, labels)}` (NumPy arrays, one row per example); `columns()` then decides the
-staged features from the arrays themselves, so every source is described the same way in the TFDS metadata:
-- inputs: a float vector per example -> 'features' (tfds Tensor float32 [D]); uint8 arrays of rank 2 or 3 per
-  example -> 'image' (tfds Image, PNG);
-- labels: strings or integers -> 'label' (tfds ClassLabel: the sorted strings, or 0..max); floats -> 'target'
-  (a float32 scalar, for regression). `label_kind` ('class' or 'number') overrides the guess.
+Each reader returns `{split: (inputs, labels)}` (NumPy arrays, one row per example); `columns()`
+(data/own_columns.py) then decides the staged features from the arrays themselves, so every source is described the
+same way in the TFDS metadata.
 Everything is read into host memory (sizes a laptop holds); for larger data write a TFDS builder
 (data/digits/digits_dataset_builder.py is the example). Every bad input is a ConfigError that names it and the fix.
 """
@@ -39,6 +36,25 @@ def check_splits(splits: dict, source: str) -> None:
                           "'validation'). Name them so (e.g. x_train/x_test arrays, train=FILE,test=FILE).")
 
 
+def check_finite(values: np.ndarray, source: str, split: str, names: str | list[str], line_offset: int = 0) -> None:
+    """A ConfigError naming the first NaN or infinite value of float `values` (one row per example): its split, its
+    column (`names[column]`, or `names`, e.g. "array 'x_train'", and its position in the row) and its row index."""
+    if values.dtype.kind not in "fc" or not values.size:
+        return
+    rows = values.reshape(len(values), -1)
+    bad = ~np.isfinite(rows)
+    if not bad.any():
+        return
+    row = int(np.flatnonzero(bad.any(axis=1))[0])
+    column = int(np.flatnonzero(bad[row])[0])
+    where = f"column {names[column]!r}" if isinstance(names, list) else names
+    line = f" (line {row + line_offset})" if line_offset else ""
+    position = f", position {column}" if rows.shape[1] > 1 and not isinstance(names, list) else ""
+    raise ConfigError(f"{source}: split {split!r}, {where}, row index {row}{line}{position} is {rows[row, column]}: "
+                      "NaN and infinite values cannot be trained on. Drop those rows, or fill them in (e.g. with the "
+                      "column's mean), then stage again.")
+
+
 def read_npz(path: str, keys: str | None) -> dict:
     """Arrays `x_SPLIT`/`y_SPLIT` of an .npz file, or the pairs named by `keys` ('train=X:Y,test=X:Y')."""
     import tensorflow as tf
@@ -55,6 +71,11 @@ def read_npz(path: str, keys: str | None) -> dict:
         pairs = {split: names.split(":") for split, names in parse_split_paths(keys, "--npz_keys").items()}
     else:
         pairs = {name[2:]: [name, "y" + name[1:]] for name in arrays if name.startswith("x_")}
+        if "train" not in pairs or not {"test", "validation"} & set(pairs):
+            raise ConfigError(f"--from_npz={path!r} has the arrays {sorted(arrays)}, not x_train, y_train and x_test, "
+                              "y_test (or x_validation, y_validation). Name them so when saving (np.savez(..., "
+                              "x_train=..., y_train=..., x_test=..., y_test=...)), or map yours to the splits with "
+                              "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS.")
     splits = {}
     for split, names in pairs.items():
         missing = [name for name in names if name not in arrays]
@@ -62,6 +83,8 @@ def read_npz(path: str, keys: str | None) -> dict:
             raise ConfigError(f"--from_npz={path!r} has the arrays {sorted(arrays)}, not {missing or names} for "
                               f"split {split!r}. Name them x_train, y_train, x_test, y_test, or pass "
                               "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS.")
+        for name in names:
+            check_finite(arrays[name], f"--from_npz={path!r}", split, f"array {name!r}")
         splits[split] = (arrays[names[0]], arrays[names[1]])
     check_splits(splits, f"--from_npz={path!r}")
     return splits
@@ -99,6 +122,8 @@ def read_csv(paths: dict[str, str], label: str) -> dict:
                                   "encode that column.") from None
             labels.append(row[index])
         splits[split] = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
+        check_finite(splits[split][0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)
+        check_finite(splits[split][1], f"--from_csv: {path}", split, [label], 2)
     return splits
 
 
@@ -166,6 +191,8 @@ def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
                               "empty). Check that the glob names the files the data were written to, and that the "
                               "writer was closed (tf.io.TFRecordWriter flushes on close).") from None
         splits[split] = (_stack(inputs, f"--from_tfrecord {split}"), np.asarray(labels))
+        for name, values in zip((input_name, label), splits[split], strict=True):
+            check_finite(values, f"--from_tfrecord: {split}={pattern!r}", split, f"feature {name!r}")
     return splits
 
 
@@ -175,60 +202,3 @@ def _stack(rows, what: str) -> np.ndarray:
         raise ConfigError(f"{what}: examples of different shapes {shapes[:4]}; every example needs the same shape "
                           "(resize or pad them first).")
     return np.stack(rows)
-
-
-def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None):
-    """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring."""
-    import tensorflow_datasets as tfds
-
-    for split, (inputs, labels) in splits.items():
-        if len(inputs) != len(labels):
-            raise ConfigError(f"Split {split!r} has {len(inputs)} inputs but {len(labels)} labels; give one label per "
-                              "example.")
-        if not len(inputs):
-            raise ConfigError(f"Split {split!r} is empty; give it at least one example.")
-    shapes = {split: tuple(inputs.shape[1:]) for split, (inputs, _) in splits.items()}
-    if len(set(shapes.values())) > 1:
-        raise ConfigError(f"The splits' inputs have different shapes per example: {shapes}; make them equal.")
-    first_inputs = next(iter(splits.values()))[0]
-    shape = shapes[next(iter(shapes))]
-    if first_inputs.dtype == np.uint8 and len(shape) in (2, 3):
-        input_key, image_shape = "image", shape if len(shape) == 3 else (*shape, 1)
-        input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8)
-        convert = lambda inputs: inputs.reshape(len(inputs), *image_shape)  # noqa: E731
-    elif len(shape) == 1 and np.issubdtype(first_inputs.dtype, np.number):
-        input_key, input_feature = "features", tfds.features.Tensor(shape=shape, dtype=np.float32)
-        convert = lambda inputs: inputs.astype(np.float32)  # noqa: E731
-    else:
-        raise ConfigError(f"Inputs of shape {shape} and dtype {first_inputs.dtype} per example are neither a "
-                          "feature vector (shape (D,), numbers) nor an image (uint8, (H, W) or (H, W, C)); reshape "
-                          "rows to vectors, or images to uint8.")
-    all_labels = np.concatenate([labels for _, labels in splits.values()])
-    label_key, label_feature, to_ids = _label_feature(all_labels, label_kind, class_names)
-    staged = {split: {input_key: convert(inputs), label_key: to_ids(labels)}
-              for split, (inputs, labels) in splits.items()}
-    return tfds.features.FeaturesDict({input_key: input_feature, label_key: label_feature}), staged
-
-
-def _label_feature(labels: np.ndarray, kind: str, class_names: list[str] | None):
-    import tensorflow_datasets as tfds
-
-    if labels.ndim != 1:
-        raise ConfigError(f"Labels must be one value per example; got shape {labels.shape[1:]} per example.")
-    if class_names is not None:
-        return "label", tfds.features.ClassLabel(names=class_names), lambda values: values.astype(np.int64)
-    is_text = labels.dtype.kind in "US"
-    integral = not is_text and np.all(np.mod(labels, 1) == 0)
-    if kind == "number" or (kind == "auto" and not is_text and labels.dtype.kind == "f"):
-        if is_text:
-            raise ConfigError("--label_kind=number, but the labels are text; use --label_kind=class.")
-        return "target", tfds.features.Scalar(dtype=np.float32), lambda values: values.astype(np.float32)
-    if is_text:
-        names = sorted(set(labels.tolist()))
-        return ("label", tfds.features.ClassLabel(names=names),
-                lambda values: np.searchsorted(names, values).astype(np.int64))
-    if not integral or labels.min() < 0:
-        raise ConfigError(f"Class labels must be integers >= 0 (got values like {labels[:3].tolist()}); use "
-                          "--label_kind=number for a regression target.")
-    return ("label", tfds.features.ClassLabel(num_classes=int(labels.max()) + 1),
-            lambda values: values.astype(np.int64))

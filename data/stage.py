@@ -17,6 +17,8 @@ The bundled digits builder needs no network, registered TFDS datasets download f
 no download: put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar (from image-net.org, after registering) in
 --manual_dir (a few hours and ~300 GB of local disk for the build; TFDS writes ~1,024 train shards).
 Idempotent: when the dataset is already in data_dir, it says so and does nothing; --force rebuilds your own data.
+Your own data staged again under the same --name from a different source (other file contents, another kind of
+source or other flags) exits 2 instead: pass --force to replace it, or another --name.
 A gs:// bucket is checked first (exists, writable: exit 2 otherwise). Then pass the same path as DATA_DIR.
 """
 
@@ -50,17 +52,18 @@ def stage(dataset: str, data_dir: str, manual_dir: str | None = None) -> bool:
     return prepare(find_builder(spec.tfds_name, data_dir, module=spec.module), download_config)
 
 
-def stage_own(args: argparse.Namespace) -> bool:
-    """Stores the --from_* source as TFDS dataset --name in --data_dir; False when it was there (and no --force)."""
+def stage_own(args: argparse.Namespace) -> str:
+    """Stores the --from_* source as TFDS dataset --name in --data_dir: 'built'; when it was there (and no --force)
+    'same' or 'not compared' (see own_data.store); a ConfigError when it was staged from another source."""
     from common.gcs_checks import check_gcs_paths
-    from data import own_data
+    from data import own_data, own_fingerprint
 
     own_data.check_name(args.name)
     check_gcs_paths({"--data_dir": args.data_dir})
     features, splits = own_data.read_source(args)  # Read and checked before anything is written.
-    source = next(f"--{flag}={getattr(args, flag)}" for flag in SOURCES if getattr(args, flag))
-    return own_data.store(args.name, args.data_dir, features, splits, force=args.force,
-                          description=f"Staged with python -m data.stage {source}.")
+    source = own_fingerprint.of_source(args)
+    return own_data.store(args.name, args.data_dir, features, splits, source=source, force=args.force,
+                          description=f"Staged with python -m data.stage {source['source']}.")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -93,16 +96,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+_STATUS = {"built": "built into", "there": "already staged in", "same": "already staged from this source in",
+           "not compared": "already staged in"}
+_NOTES = {"built": "", "there": " (nothing to do)", "same": " (nothing to do; --force rebuilds)",
+          "not compared": " (nothing to do), but from a source this command cannot compare with this one: it was "
+                          "staged before data.stage recorded its sources. If the data changed, pass --force to "
+                          "rebuild it"}
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     from common.errors import ConfigError
 
     try:
-        built = stage(args.dataset, args.data_dir, args.manual_dir) if args.dataset else stage_own(args)
-        name = args.dataset or args.name
-        print(f"{name}: {'built into' if built else 'already staged in'} {args.data_dir}"
-              f"{'' if built else ' (nothing to do; --force rebuilds)' if args.name else ' (nothing to do)'}. "
+        if args.dataset:
+            status = "built" if stage(args.dataset, args.data_dir, args.manual_dir) else "there"
+        else:
+            status = stage_own(args)
+        print(f"{args.dataset or args.name}: {_STATUS[status]} {args.data_dir}{_NOTES[status]}. "
               f"Use DATA_DIR='{args.data_dir}'.", flush=True)
         if args.name:
             _print_how_to_train(args.name, args.data_dir)
@@ -127,8 +139,11 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
               f"DATASET='<its key>' and DATA_DIR='{data_dir}'.", flush=True)
         return
     config = STARTING_CONFIGS.get(type(spec.task).__name__, "configs/default.gin")
+    # The tabular starting config reports AUC, precision and recall, which need exactly two classes.
+    metrics = (" --gin_param=\"experiment.metrics=['accuracy']\"" if config == STARTING_CONFIGS["TabularClassification"]
+               and spec.task.num_classes != 2 else "")
     print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
-          f"--gin_param=\"DATA_DIR='{data_dir}'\" --model_dir=runs/{name}\n"
+          f"--gin_param=\"DATA_DIR='{data_dir}'\"{metrics} --model_dir=runs/{name}\n"
           f"The task inferred from its metadata, to paste into DATASETS of data/registry.py if you want to change "
           f"it (then DATASET='{name}'):\n{registry_lines(name, spec)}", flush=True)
 

@@ -26,3 +26,19 @@ def checkpoint_values(model_dir: str) -> dict:
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
     return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
             if not key.startswith("_CHECKPOINTABLE_OBJECT_GRAPH") and "save_counter" not in key}
+
+
+def write_class_images(root: str, sizes: dict, shape=(8, 8, 3)) -> None:
+    """root/SPLIT/CLASS/*.png for data.stage --from_image_folder: 'red' images are bright in channel 0, 'blue' in
+    channel 2 (plus noise)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    for split, count in sizes.items():
+        for channel, name in ((0, "red"), (2, "blue")):
+            os.makedirs(f"{root}/{split}/{name}")
+            for index in range(count):
+                image = rng.integers(0, 90, shape).astype(np.uint8)
+                image[..., channel] += 150
+                tf.io.write_file(f"{root}/{split}/{name}/{index}.png", tf.io.encode_png(image))

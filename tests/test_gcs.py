@@ -154,3 +154,38 @@ def test_an_export_to_gcs_publishes_saved_model_pb_last_and_replaces_an_old_one(
     np.testing.assert_allclose(served.numpy(), trainer.task.serve(trainer.model, {"images": images})["logits"].numpy(),
                                rtol=1e-5, atol=1e-4)  # The second model's weights ...
     assert np.max(np.abs(served.numpy() - first_logits)) > 1.0  # ... which the first model's would not match.
+
+
+def test_own_data_staged_again_on_gcs_is_compared_with_its_recorded_source(gcs, gcs_bucket, tmp_path, capsys):
+    """The source fingerprint is written to and read from gs:// (tf.io.gfile), with the source on gs:// too: the
+    same source does nothing, another one exits 2, and neither rewrites an object."""
+    from data import stage
+
+    data_dir, rng = f"gs://{gcs_bucket}/tfds", np.random.default_rng(0)
+    for name in ("first", "second"):
+        local = tmp_path / f"{name}.npz"
+        np.savez(local, x_train=rng.standard_normal((20, 3)), y_train=np.arange(20) % 2,
+                 x_test=rng.standard_normal((6, 3)), y_test=np.arange(6) % 2)
+        tf.io.gfile.copy(str(local), f"gs://{gcs_bucket}/sources/{name}.npz")
+    arguments = ["--name=own_gcs", f"--data_dir={data_dir}"]
+    assert stage.main([*arguments, f"--from_npz=gs://{gcs_bucket}/sources/first.npz"]) == 0
+    before = _generations(gcs, gcs_bucket, "tfds/")
+    assert "tfds/own_gcs/1.0.0/staged_source.json" in before, sorted(before)
+    capsys.readouterr()
+    assert stage.main([*arguments, f"--from_npz=gs://{gcs_bucket}/sources/first.npz"]) == 0
+    assert "own_gcs: already staged from this source in" in capsys.readouterr().out
+    assert stage.main([*arguments, f"--from_npz=gs://{gcs_bucket}/sources/second.npz"]) == 2
+    error = capsys.readouterr().err
+    assert (f"staged: --from_npz=gs://{gcs_bucket}/sources/first.npz; now: --from_npz=gs://{gcs_bucket}/sources/"
+            "second.npz" in error and "--force" in error), error
+    assert _generations(gcs, gcs_bucket, "tfds/") == before
+
+    images = f"gs://{gcs_bucket}/images"
+    for split, count in (("train", 2), ("test", 1)):
+        for label in ("a", "b"):
+            for index in range(count):
+                tf.io.write_file(f"{images}/{split}/{label}/{index}.png",
+                                 tf.io.encode_png(np.full((4, 4, 3), index * 40 + 10 * (label == "b"), np.uint8)))
+    arguments = ["--name=own_gcs_images", f"--data_dir={data_dir}", f"--from_image_folder={images}"]
+    assert stage.main(arguments) == 0 and stage.main(arguments) == 0
+    assert "own_gcs_images: already staged from this source in" in capsys.readouterr().out

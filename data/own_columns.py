@@ -1,0 +1,100 @@
+"""The staged features of data read from a user's own files (data/own_sources.py, data/own_images.py), decided
+from the arrays themselves, so every source is described the same way in the TFDS metadata:
+- inputs: a float vector per example -> 'features' (tfds Tensor float32 [D]); uint8 arrays of rank 2 or 3 per
+  example -> 'image' (tfds Image, PNG);
+- labels: strings or integers -> 'label' (tfds ClassLabel: the sorted strings, or 0..max); floats -> 'target'
+  (a float32 scalar, for regression). `label_kind` ('class' or 'number') overrides the guess.
+"""
+
+import numpy as np
+
+from common.errors import ConfigError
+
+
+def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None):
+    """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring."""
+    import tensorflow_datasets as tfds
+
+    for split, (inputs, labels) in splits.items():
+        if len(inputs) != len(labels):
+            raise ConfigError(f"Split {split!r} has {len(inputs)} inputs but {len(labels)} labels; give one label per "
+                              "example.")
+        if not len(inputs):
+            raise ConfigError(f"Split {split!r} is empty; give it at least one example.")
+    shapes = {split: tuple(inputs.shape[1:]) for split, (inputs, _) in splits.items()}
+    if len(set(shapes.values())) > 1:
+        raise ConfigError(f"The splits' inputs have different shapes per example: {shapes}; make them equal.")
+    first_inputs = next(iter(splits.values()))[0]
+    shape = shapes[next(iter(shapes))]
+    if first_inputs.dtype == np.uint8 and len(shape) in (2, 3):
+        input_key, image_shape = "image", shape if len(shape) == 3 else (*shape, 1)
+        input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8)
+        convert = lambda inputs: inputs.reshape(len(inputs), *image_shape)  # noqa: E731
+    elif len(shape) == 1 and np.issubdtype(first_inputs.dtype, np.number):
+        input_key, input_feature = "features", tfds.features.Tensor(shape=shape, dtype=np.float32)
+        convert = lambda inputs: inputs.astype(np.float32)  # noqa: E731
+    else:
+        raise ConfigError(f"Inputs of shape {shape} and dtype {first_inputs.dtype} per example are neither a "
+                          "feature vector (shape (D,), numbers) nor an image (uint8, (H, W) or (H, W, C)); reshape "
+                          "rows to vectors, or images to uint8.")
+    label_key, label_feature, to_ids = _label_feature({split: labels for split, (_, labels) in splits.items()},
+                                                      label_kind, class_names)
+    staged = {split: {input_key: convert(inputs), label_key: to_ids(labels)}
+              for split, (inputs, labels) in splits.items()}
+    if isinstance(label_feature, tfds.features.ClassLabel):
+        _check_classes_in_train(staged, label_feature)
+    return tfds.features.FeaturesDict({input_key: input_feature, label_key: label_feature}), staged
+
+
+def _check_classes_in_train(staged: dict, classes) -> None:
+    """Every class of an evaluation split must have examples in 'train': a model cannot learn a class it never sees,
+    so such examples would all count as errors (most often a misspelt class folder or a file of the wrong split)."""
+    trained = set(staged["train"]["label"].tolist())
+    for split, columns in staged.items():
+        ids, counts = np.unique(columns["label"], return_counts=True)
+        unseen = [(classes.int2str(int(i)), int(count)) for i, count in zip(ids, counts, strict=True)
+                  if int(i) not in trained]
+        if unseen:
+            listed = ", ".join(f"{name!r} ({count} example{'s' if count > 1 else ''})" for name, count in unseen)
+            raise ConfigError(f"Split {split!r} has classes that split 'train' has no examples of: {listed}. A model "
+                              "cannot learn a class it never sees in training, so these would all count as errors. "
+                              "Move some of their examples into train (or fix the class name if it is misspelt), or "
+                              f"remove them from {split!r}, then stage again.")
+
+
+def _label_feature(split_labels: dict[str, np.ndarray], kind: str, class_names: list[str] | None):
+    import tensorflow_datasets as tfds
+
+    labels = np.concatenate(list(split_labels.values()))
+    if labels.ndim != 1:
+        raise ConfigError(f"Labels must be one value per example; got shape {labels.shape[1:]} per example.")
+    if class_names is not None:
+        return "label", tfds.features.ClassLabel(names=class_names), lambda values: values.astype(np.int64)
+    is_text = labels.dtype.kind in "US"
+    integral = not is_text and np.all(np.mod(labels, 1) == 0)
+    if kind == "number" or (kind == "auto" and not is_text and labels.dtype.kind == "f"):
+        if is_text:
+            raise ConfigError("--label_kind=number, but the labels are text; use --label_kind=class.")
+        return "target", tfds.features.Scalar(dtype=np.float32), lambda values: values.astype(np.float32)
+    if is_text:
+        names = sorted(set(labels.tolist()))
+        return ("label", tfds.features.ClassLabel(names=names),
+                lambda values: np.searchsorted(names, values).astype(np.int64))
+    if not integral or labels.min() < 0:
+        raise ConfigError(f"Class labels must be integers >= 0; these are not: {_not_class_ids(split_labels)}. "
+                          "Number the classes 0, 1, 2, ... the same way in every split, or pass --label_kind=number "
+                          "for a regression target.")
+    return ("label", tfds.features.ClassLabel(num_classes=int(labels.max()) + 1),
+            lambda values: values.astype(np.int64))
+
+
+def _not_class_ids(split_labels: dict[str, np.ndarray]) -> str:
+    """The labels per split that are negative or not whole numbers: "split 'train': -1, 0.5 (3 labels)"."""
+    found = []
+    for split, labels in split_labels.items():
+        wrong = labels[(np.mod(labels, 1) != 0) | (labels < 0)]
+        values = np.unique(wrong).tolist()
+        if values:
+            found.append(f"split {split!r}: {', '.join(map(str, values[:5]))}{', ...' if len(values) > 5 else ''} "
+                         f"({len(wrong)} label{'s' if len(wrong) > 1 else ''})")
+    return "; ".join(found)
