@@ -8,6 +8,9 @@ task, so training and serving see the same inputs.
 
 import dataclasses
 
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
 from common.errors import ConfigError
 from data import imagenet
 from tasks.base import Task
@@ -103,9 +106,36 @@ def bind_task(spec: DatasetSpec, builder, *, dataset: str) -> DatasetSpec:
                           f"{', '.join(map(repr, missing))}, which {spec.tfds_name!r} does not have. Its features are "
                           f"{', '.join(map(repr, features.keys()))}: set the task's keys to them (e.g. label_key=...) "
                           "where the dataset is registered (data/registry.py).")
+    _check_stored_data(spec.task, features, dataset=dataset, tfds_name=spec.tfds_name)
     try:
         return dataclasses.replace(spec, task=spec.task.bind(builder))
     except ValueError as error:
         raise ConfigError(f"DATASET={dataset!r}: its task {type(spec.task).__name__} does not fit the data: "
                           f"{error} Fix the task's settings where the dataset is registered (data/registry.py).") \
             from error
+
+
+def _check_stored_data(task: Task, features, *, dataset: str, tfds_name: str) -> None:
+    """The task's settings against what the dataset's metadata says is stored: feature shapes, the number of classes
+    and that a classification target holds class ids. Each mismatch would otherwise fail inside the training loop
+    (an out-of-range label, an EnsureShape error), or on an accelerator not at all."""
+    where = f"DATASET={dataset!r}: its task {type(task).__name__}"
+    fix = ("Fix the task's settings where the dataset is registered (data/registry.py); a task that maps the stored "
+           "labels to other classes sets targets_are_stored_labels = False (tasks/base.py).")
+    for key, expected in task.stored_shapes().items():
+        stored = tuple(features[key].shape)
+        if None not in stored and stored != tuple(expected):
+            raise ConfigError(f"{where} expects {key!r} of shape {tuple(expected)}, but {tfds_name!r} stores shape "
+                              f"{stored}. {fix}")
+    if task.kind != "classification" or not task.targets_are_stored_labels:
+        return
+    label = features[task.label_key]
+    if isinstance(label, tfds.features.ClassLabel):
+        if label.num_classes != task.output_size:
+            raise ConfigError(f"{where} has {task.output_size} classes, but {tfds_name!r} labels {task.label_key!r} "
+                              f"with {label.num_classes} ({', '.join(label.names[:5])}"
+                              f"{', ...' if label.num_classes > 5 else ''}). {fix}")
+    elif not tf.as_dtype(label.dtype).is_integer:
+        raise ConfigError(f"{where} is a classification task, but {tfds_name!r} stores {task.label_key!r} as "
+                          f"{tf.as_dtype(label.dtype).name}, not class ids. Use a regression task for real-valued "
+                          f"targets (tasks/tabular.py TabularRegression). {fix}")

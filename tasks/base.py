@@ -30,6 +30,9 @@ class Task:
     default_loss = "softmax_cross_entropy"
     default_metrics = ("accuracy",)
     kind = "classification"  # 'classification' (integer labels, logits) or 'regression' (float targets).
+    # Classification: the target is the stored label as is, so its ClassLabel must have `output_size` classes
+    # (checked before training). False for a task that maps the stored labels to other classes.
+    targets_are_stored_labels = True
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -45,6 +48,11 @@ class Task:
 
     def model_options(self) -> dict:
         """Keyword arguments the task adds to the model builder's call (e.g. a text task's vocabulary size)."""
+        return {}
+
+    def stored_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{feature key: the shape this task expects the dataset to store it in}, checked against the dataset's
+        metadata before anything is built (data/registry.py bind_task); {} = nothing to check."""
         return {}
 
     def decoders(self, features: tfds.features.FeaturesDict) -> dict:

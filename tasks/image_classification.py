@@ -42,6 +42,10 @@ class ImageClassification(Task):
     def output_size(self) -> int:
         return self.num_classes
 
+    def stored_shapes(self):
+        # Own decoders read images of any size (ImageNet's JPEGs); otherwise they are stored at `image_shape`.
+        return {} if self.train_decoder or self.eval_decoder else {self.image_key: tuple(self.image_shape)}
+
     def decoders(self, features):
         # Images of a fixed size are decoded once, when the split is read; variable-size ones (own decoders: ImageNet's
         # JPEGs) stay compressed and are decoded per drawn example, straight to the crop.

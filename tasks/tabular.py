@@ -30,6 +30,9 @@ class _Tabular(Task):
     def input_shape(self) -> tuple[int, ...]:
         return (self.num_features,)
 
+    def stored_shapes(self):
+        return {self.features_key: (self.num_features,)}
+
     def bind(self, builder):
         if self.mean is not None and self.std is not None:
             return self

@@ -112,6 +112,14 @@ def _registered_with(monkeypatch, name: str, **task_changes) -> None:
      "its task TabularClassification reads the feature(s) 'x'"),
     ("synthetic_reviews", "configs/experiments/synthetic_reviews_transformer.gin", {"text_key": "review"},
      "its task TextClassification reads the feature(s) 'review', which 'synthetic_reviews' does not have"),
+    ("digits", DIGITS, {"num_classes": 5},
+     "DATASET='digits': its task ImageClassification has 5 classes, but 'sklearn_digits' labels 'label' with 10 (0, 1, "
+     "2, 3, 4, ...)"),
+    ("digits", DIGITS, {"image_shape": (28, 28, 1)},
+     "its task ImageClassification expects 'image' of shape (28, 28, 1), but 'sklearn_digits' stores shape (8, 8, 1)"),
+    ("breast_cancer", "configs/experiments/breast_cancer_mlp.gin", {"num_features": 20},
+     "its task TabularClassification expects 'features' of shape (20,), but 'sklearn_breast_cancer' stores shape "
+     "(30,)"),
     ("synthetic_reviews", "configs/experiments/synthetic_reviews_transformer.gin",
      {"max_tokens": 4, "vocabulary": ("good", "bad", "not")},
      "DATASET='synthetic_reviews': its task TextClassification does not fit the data: TextClassification vocabulary "
@@ -122,6 +130,23 @@ def test_a_task_that_does_not_fit_its_dataset_exits_2_before_training(dataset, g
     """A forker's task edit in data/registry.py (a wrong feature key, a vocabulary too big) is a clear error."""
     _registered_with(monkeypatch, dataset, **task_changes)
     assert train.main(["train.py", f"--gin_file={gin_file}", f"--model_dir={tmp_path}"]) == 2
+    assert expected in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("gin_file, params, expected", [
+    ("configs/experiments/breast_cancer_mlp.gin", ["experiment.loss='mean_squared_error'"],
+     "experiment.loss='mean_squared_error' is a regression loss; TabularClassification is a classification task. "
+     "Use 'softmax_cross_entropy'"),
+    ("configs/experiments/synthetic_housing_mlp.gin", ["experiment.loss='softmax_cross_entropy'"],
+     "experiment.loss='softmax_cross_entropy' is a classification loss; TabularRegression is a regression task"),
+    # A model for images on feature vectors: Keras raised an IndexError (a traceback, exit 1).
+    ("configs/experiments/breast_cancer_mlp.gin", ["MODEL='cnn'"],
+     "MODEL='cnn' cannot be built for DATASET='breast_cancer' (inputs of shape (30,), 2 outputs)"),
+])
+def test_a_loss_or_model_for_another_kind_of_task_exits_2(gin_file, params, expected, tmp_path, capsys, data_dir):
+    args = ["train.py", f"--gin_file={gin_file}", f"--model_dir={tmp_path}"] + [f"--gin_param={p}" for p in params]
+    assert train.main(args) == 2
     assert expected in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "checkpoints")
 
@@ -139,3 +164,20 @@ def test_a_loss_that_returns_a_mean_exits_2_before_any_step(tmp_path, capsys, mo
     assert ("experiment.loss='mean_loss' returned () for a batch of 2 examples; a loss must return one loss per "
             "example, shape [2]") in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_a_classification_task_on_real_valued_targets_exits_2(tmp_path, capsys, monkeypatch, data_dir):
+    """Class ids read from a float column: the labels would be out of range (or silently truncated) mid-run."""
+    import dataclasses
+
+    from data import registry
+    from tasks.tabular import TabularClassification
+
+    spec = registry.DATASETS["synthetic_housing"]
+    monkeypatch.setitem(registry.DATASETS, "synthetic_housing", dataclasses.replace(
+        spec, task=TabularClassification(num_features=8, num_classes=2, label_key="target")))
+    args = ["train.py", "--gin_file=configs/experiments/synthetic_housing_mlp.gin", f"--model_dir={tmp_path}",
+            "--gin_param=experiment.metrics=['accuracy']"]
+    assert train.main(args) == 2
+    assert ("its task TabularClassification is a classification task, but 'synthetic_housing' stores 'target' as "
+            "float32, not class ids") in capsys.readouterr().err

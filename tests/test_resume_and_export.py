@@ -79,6 +79,22 @@ def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path
     np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.load(tmp_path / "classes.npy"), expected.argmax(axis=1))
 
+    # Inputs of the wrong shape are an error for the caller, not a crash of the serving process (a 3-D batch
+    # aborted it in the convolution's shape check) nor an answer for a wrong image size (9 x 9 passed pooling).
+    bad_shapes = ("import tensorflow as tf\n"
+                  f"serve = tf.saved_model.load({export_dir!r}).signatures['serving_default']\n"
+                  "for shape in ((2, 8, 8), (2, 9, 9, 1)):\n"
+                  "    try:\n"
+                  "        serve(images=tf.zeros(shape, tf.uint8))\n"
+                  "        print('served', shape)\n"
+                  "    except tf.errors.InvalidArgumentError:\n"
+                  "        print('refused', shape)\n")
+    result = subprocess.run([sys.executable, "-c", bad_shapes], capture_output=True, text=True, timeout=120,
+                            cwd=str(tmp_path), env={key: value for key, value in os.environ.items()
+                                                    if key != "PYTHONPATH"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:2] == ["refused (2, 8, 8)", "refused (2, 9, 9, 1)"], result.stdout
+
 
 def test_a_resumed_run_uses_the_newly_configured_learning_rate(tmp_path, small_config):
     from tpu_utils.strategy import make_strategy

@@ -28,6 +28,10 @@ class _ServingModule(tf.Module):
         self._task = task
 
     def serve(self, **inputs):
+        # A concrete function does not check the shapes it is called with: a wrong one would reach the model's ops
+        # (a 3-D batch of images aborts the serving process in a convolution's shape check).
+        specs = self._task.serving_signature()
+        inputs = {key: tf.ensure_shape(value, specs[key].shape) for key, value in inputs.items()}
         return self._task.serve(self.model, inputs)
 
 

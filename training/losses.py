@@ -33,14 +33,24 @@ def mean_squared_error(targets: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
 
 
 LOSSES = {"softmax_cross_entropy": softmax_cross_entropy, "mean_squared_error": mean_squared_error}
+# The task kind (Task.kind) each shipped loss is for; a loss you register without a kind is not checked.
+LOSS_KINDS = {"softmax_cross_entropy": "classification", "mean_squared_error": "regression"}
 
 
-def get_loss(name: str):
+def get_loss(name: str, task=None):
+    """The loss registered as `name`; with `task`, a ConfigError if the loss is for another kind of task (mean
+    squared error on class ids trains to chance without an error; cross-entropy on real targets fails mid-run)."""
     try:
-        return LOSSES[name]
+        loss = LOSSES[name]
     except KeyError:
         raise ConfigError(f"Unknown loss {name!r}. Known losses: {', '.join(sorted(LOSSES))}. Register a new one "
                           "in training/losses.py.") from None
+    kind = LOSS_KINDS.get(name)
+    if task is not None and kind is not None and kind != task.kind:
+        raise ConfigError(f"experiment.loss={name!r} is a {kind} loss; {type(task).__name__} is a {task.kind} task. "
+                          f"Use {task.default_loss!r} (its default: leave experiment.loss unset) or another "
+                          f"{task.kind} loss.")
+    return loss
 
 
 def check_per_example_losses(loss_fn, name: str, target_spec: tf.TensorSpec, output) -> None:

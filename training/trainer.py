@@ -42,7 +42,7 @@ class Trainer:
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
         self.dataset_spec = bind_task(spec, self.data, dataset=config.dataset)
         self.task = self.dataset_spec.task
-        self.loss_fn = loss_fn = get_loss(config.loss or self.task.default_loss)
+        self.loss_fn = loss_fn = get_loss(config.loss or self.task.default_loss, self.task)
 
         # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
         with seeded_build(config.precision, config.seed), strategy.scope():
@@ -138,7 +138,7 @@ def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None
                           "change your model builder's arguments.")
     try:
         return builder(task.input_shape, task.output_size, **options)
-    except (ValueError, TypeError) as error:  # e.g. cnn.filters=(0,): Keras rejects the layer.
+    except (ValueError, TypeError, IndexError, KeyError) as error:  # e.g. cnn.filters=(0,); cnn on feature vectors.
         message = " ".join(str(error).split("\n")[0].split())[:300]  # Without gin's "In call to configurable".
         raise ConfigError(f"MODEL={config.model!r} cannot be built for DATASET={config.dataset!r} (inputs of shape "
                           f"{task.input_shape}, {task.output_size} outputs): {message} Fix its gin bindings "
