@@ -142,7 +142,7 @@ def in_memory_bytes(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> int
         shape = getattr(feature, "shape", None)
         if key in skipped or shape is None or None in shape:
             continue  # Kept encoded, or of no fixed size: counted in the encoded size.
-        decoded += int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(feature.dtype).size
+        decoded += int(np.prod(shape, dtype=np.int64)) * feature.tf_dtype.size
     return max(split.num_bytes, split.num_examples * decoded)
 
 

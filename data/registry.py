@@ -8,7 +8,6 @@ task, so training and serving see the same inputs.
 
 import dataclasses
 
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
@@ -135,7 +134,7 @@ def _check_stored_data(task: Task, features, *, dataset: str, tfds_name: str) ->
             raise ConfigError(f"{where} has {task.output_size} classes, but {tfds_name!r} labels {task.label_key!r} "
                               f"with {label.num_classes} ({', '.join(label.names[:5])}"
                               f"{', ...' if label.num_classes > 5 else ''}). {fix}")
-    elif not tf.as_dtype(label.dtype).is_integer:
+    elif not label.tf_dtype.is_integer:
         raise ConfigError(f"{where} is a classification task, but {tfds_name!r} stores {task.label_key!r} as "
-                          f"{tf.as_dtype(label.dtype).name}, not class ids. Use a regression task for real-valued "
+                          f"{label.tf_dtype.name}, not class ids. Use a regression task for real-valued "
                           f"targets (tasks/tabular.py TabularRegression). {fix}")
