@@ -48,7 +48,7 @@ CASES = {
     "include of a missing file": (["--gin_param=include 'configs/nope.gin'"], False,
                                   "includes 'configs/nope.gin', which does not exist"),
     "model setting Keras rejects": (["--gin_param=MODEL='cnn'", "--gin_param=cnn.filters=(0,)"], False,
-                                    "MODEL='cnn' cannot be built with its settings"),
+                                    "MODEL='cnn' cannot be built for DATASET='digits'"),
     "unknown macro": (["--gin_param=FOO=1"], False, "Unknown macro FOO: no configuration uses it"),
     "misspelt macro": (["--gin_param=TRAIN_STEP=5"], False, "Unknown macro TRAIN_STEP (did you mean TRAIN_STEPS?)"),
     "infinite learning rate": (["--gin_param=LEARNING_RATE=1e999"], False,
