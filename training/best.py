@@ -11,11 +11,9 @@ import logging
 
 import tensorflow as tf
 
-from common.errors import StorageError
-from common.storage_errors import describe
 from tpu_utils.strategy import io_device_for
 from training.checkpoints import CheckpointStore
-from training.export import export_saved_model
+from training.export import export_trainer
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +39,8 @@ class BestKeeper:
         """Checkpoints and exports the current weights as the best (`best`: {'step', 'metric', 'mode', 'value'})."""
         path = self.store.save(best["step"])
         export = self.run_dir.export_dir("best")
-        try:
-            export_saved_model(self.trainer.model, self.trainer.task, export,
-                               io_device=io_device_for(self.trainer.strategy, export))
-        except tf.errors.OpError as error:
-            raise StorageError(f"Exporting the best model to {export} failed ({describe(error)}). Its checkpoint "
-                               f"{path} is intact: fix the storage and rerun the same command (training resumes "
-                               "from the last checkpoint).") from error
+        export_trainer(self.trainer, export, recovery=f"its checkpoint {path} is intact: fix the storage and rerun "
+                       "the same command (training resumes from the last checkpoint).")
         if self.run_dir.is_chief:
             self.run_dir.write_json("best/best.json", {**best, "checkpoint": path, "export": export})
             log.info("Best %s so far (%.4f at step %d): kept %s and exported %s.", best["metric"], best["value"],

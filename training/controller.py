@@ -17,14 +17,14 @@ import time
 
 import tensorflow as tf
 
-from common.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
+from common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
 from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
 from training import run_identity, stop_signals
 from training.best import BestKeeper
 from training.checkpoints import CheckpointStore
-from training.export import export_saved_model
+from training.export import export_trainer
 from training.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.history import History
 from training.profiling import Profiler
@@ -213,13 +213,8 @@ class Controller:
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        try:
-            export_saved_model(self.trainer.model, self.trainer.task, path,
-                               io_device=io_device_for(self.trainer.strategy, path))
-        except tf.errors.OpError as error:
-            raise StorageError(f"Exporting the SavedModel to {path} failed ({describe(error)}); nothing was left "
-                               f"there. The checkpoint {self.store.latest or '(none)'} is intact: fix the storage, "
-                               "then rerun with --mode=export.") from error
+        export_trainer(self.trainer, path, recovery=f"nothing was left there. The checkpoint "
+                       f"{self.store.latest or '(none)'} is intact: fix the storage, then rerun with --mode=export.")
         if self.run_dir.is_chief:
             log.info("Exported SavedModel to %s", path)
         return path

@@ -18,7 +18,10 @@ import uuid
 import keras
 import tensorflow as tf
 
+from common.errors import StorageError
+from common.storage_errors import describe
 from tasks.base import Task
+from tpu_utils.strategy import io_device_for
 
 
 class _ServingModule(tf.Module):
@@ -68,3 +71,14 @@ def _move(source: str, target: str) -> None:
         destination = target + path[len(source):]
         tf.io.gfile.makedirs(destination.rsplit("/", 1)[0])
         tf.io.gfile.copy(path, destination, overwrite=True)
+
+
+def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
+    """Exports `trainer`'s model with its task's signature to `export_dir`, on the device I/O its strategy needs; a
+    storage failure is a StorageError naming the path, the cause and `recovery` (what is intact, what to rerun)."""
+    try:
+        return export_saved_model(trainer.model, trainer.task, export_dir,
+                                  io_device=io_device_for(trainer.strategy, export_dir))
+    except tf.errors.OpError as error:
+        raise StorageError(f"Exporting the SavedModel to {export_dir} failed ({describe(error)}); {recovery}") \
+            from error
