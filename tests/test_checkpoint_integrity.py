@@ -7,7 +7,9 @@ each case damages a copy of the first, resumes it to 40 and compares every weigh
 
 import os
 import random
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -115,28 +117,34 @@ def test_verify_detects_each_damage_and_passes_an_intact_checkpoint(runs, tmp_pa
 def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     """Killed (SIGKILL: no handler runs) at seeded random moments of training, checkpoint writes included, then
     rerun to the end: the weights equal the uninterrupted run's, bit for bit, and a dead run's lock is taken over.
-    100 steps (10 loops) with short delays, so that the kills land while training runs, however fast the machine."""
-    steps = 100
+
+    Attempt k is killed `delay` seconds after it logs a step at or past k * 60 of 300 (a loop is ~35 ms here, so
+    the longest delay, 50 ms, overshoots by ~15 steps, far short of the next target): every attempt is killed
+    mid-run whatever it resumed from. Timing by wall clock alone let one long delay finish the run early, which
+    left later attempts nothing to kill (1 CI run in 3)."""
+    steps = 300
     model_dir, straight = str(tmp_path / "run"), str(tmp_path / "straight")
     command = [sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS, f"--gin_param=TRAIN_STEPS={steps}",
                f"--model_dir={model_dir}"]
-    delays = random.Random(11).sample([0.0, 0.01, 0.02, 0.05, 0.1, 0.2], 4)
+    delays = random.Random(11).sample([0.0, 0.005, 0.01, 0.02, 0.03, 0.05], 4)
     killed = 0
-    for delay in delays:
+    for attempt, delay in enumerate(delays, start=1):
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
-            for line in process.stdout:  # Once training runs (a loop logged, not the last), kill after `delay`.
-                if " step " in line and f"/{steps} |" in line and f"step {steps}/" not in line:
+            for line in process.stdout:
+                logged = re.search(rf" step +(\d+)/{steps} \|", line)
+                if logged and int(logged.group(1)) >= attempt * 60:
                     time.sleep(delay)
                     process.kill()
-                    killed += 1
                     break
         finally:
             process.kill()
-            process.wait(timeout=60)
-    assert killed >= 3  # Most attempts were killed mid-run, not after finishing.
+            killed += process.wait(timeout=60) == -signal.SIGKILL
+    assert killed == len(delays)  # Every attempt died mid-run (a finished run exits 0).
     final = run_train_py(*ARGS, f"--gin_param=TRAIN_STEPS={steps}", f"--model_dir={model_dir}")
     assert final.returncode == 0, final.stderr[-2000:]
+    resumed_at = re.search(r"Resumed from \S+ at step (\d+)", final.stdout)
+    assert resumed_at and int(resumed_at.group(1)) >= 4 * 60 - 10, final.stdout  # At most the killed loop is lost.
     uninterrupted = run_train_py(*ARGS, f"--gin_param=TRAIN_STEPS={steps}", f"--model_dir={straight}")
     assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
     resumed, expected = checkpoint_values(model_dir), checkpoint_values(straight)
