@@ -4,8 +4,11 @@
     python bench/throughput.py --models=cnn,mlp --batches=64 --replicas=2 --repetitions=5 --output=/tmp/t.json
 
 For each model and global batch it measures examples/s of:
-  template SPL=N   the template's Trainer.train (input pipeline + on-device loop) at STEPS_PER_LOOP 1, 10, 100;
-  pipeline         the template's input pipeline alone (distributed iterator drained);
+  template SPL=N   the template's Trainer.train (input + on-device loop) at STEPS_PER_LOOP 1, 10, 100, with the
+                   train split on the devices where the Trainer keeps it there (data/device_split.py: digits does);
+  template SPL=100, tf.data   the same from the tf.data pipeline instead (only where the split is on the devices);
+  pipeline         the template's tf.data input pipeline alone (distributed iterator drained);
+  on-device batches  the batches drawn on the devices alone, in a compiled loop (where the split is there);
   fixed batch      the template's on-device loop fed one batch over and over (the compute bound);
   keras fit        Keras 3 `fit(steps_per_execution=100)` on the same model, optimizer and batch, from in-memory
                    tensors, and from the template's own tf.data pipeline;
@@ -68,11 +71,14 @@ class Case:
         config = _config(model, batch, replicas)
         strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices)
         self.trainer = Trainer(config, strategy)
-        self.iterator = self.trainer.train_iterator()
+        self.iterator = self.trainer.train_iterator()  # The split on the devices where the Trainer uses it.
+        self.data_iterator = iter(strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
         first = next(iter(self.trainer.train_input_fn()(tf.distribute.InputContext())))
         fixed = tf.data.Dataset.from_tensors(first).repeat()
         self.fixed_iterator = iter(strategy.experimental_distribute_dataset(fixed.unbatch().batch(batch)))
-        self.pipeline_iterator = self.trainer.train_iterator()
+        self.pipeline_iterator = iter(strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
+        if self.trainer.train_data_on_device:
+            self._draw_on_device = self._make_device_draw(tf)
         # Keras fit: the same builder, optimizer and batch; in-memory preprocessed arrays of the same examples.
         features, labels, _ = (tensor.numpy() for tensor in first)
         count = 100 * batch  # One epoch = one execution of steps_per_execution=100 steps.
@@ -129,10 +135,34 @@ class Case:
 
         return guide_step
 
-    def template(self, steps_per_loop: int) -> float:
+    def _make_device_draw(self, tf):
+        """A compiled loop that only draws the on-device batches (data/device_split.py) of STEPS steps."""
+        split, strategy = self.iterator, self.trainer.strategy
+
+        @tf.function
+        def draw(first_step):
+            total = tf.constant(0.0)
+            for index in tf.range(STEPS):
+                features, _, _ = strategy.run(split.replica_batch, args=(first_step + tf.cast(index, tf.int64),))
+                # One number per replica batch, so the draw is not pruned away.
+                first_values = strategy.run(lambda batch: tf.reduce_sum(tf.cast(batch[..., :1], tf.float32)),
+                                            args=(features,))
+                total += strategy.reduce("SUM", first_values, axis=None)
+            return total
+
+        return draw
+
+    def template(self, steps_per_loop: int, iterator=None) -> float:
         started = time.perf_counter()
         for _ in range(STEPS // steps_per_loop):
-            self.trainer.train(self.iterator, steps_per_loop)
+            self.trainer.train(iterator or self.iterator, steps_per_loop)
+        return STEPS * self.batch / (time.perf_counter() - started)
+
+    def device_draw(self) -> float:
+        import tensorflow as tf
+
+        started = time.perf_counter()
+        self._draw_on_device(tf.constant(self.trainer.step, tf.int64)).numpy()
         return STEPS * self.batch / (time.perf_counter() - started)
 
     def pipeline(self) -> float:
@@ -196,7 +226,7 @@ class Case:
     def guide_loop(self) -> float:
         started = time.perf_counter()
         for _ in range(STEPS):
-            self._guide_step(self.iterator)
+            self._guide_step(self.data_iterator)
         return STEPS * self.batch / (time.perf_counter() - started)
 
     def columns(self) -> dict:
@@ -204,6 +234,9 @@ class Case:
                    "template SPL=100": lambda: self.template(100), "pipeline": self.pipeline,
                    "fixed batch": self.fixed_batch, "keras fit (in memory)": self.keras_fit_in_memory,
                    "keras fit (pipeline)": self.keras_fit_pipeline, "guide loop": self.guide_loop}
+        if self.trainer.train_data_on_device:  # The default here; against the tf.data pipeline it replaces.
+            columns["template SPL=100, tf.data"] = lambda: self.template(100, self.data_iterator)
+            columns["on-device batches"] = self.device_draw
         if self.replicas == 1:
             columns["fixed batch, XLA"] = self.fixed_batch_xla
             columns["keras fit (in memory), XLA"] = lambda: self.keras_fit_in_memory(self.keras_xla_model)

@@ -170,26 +170,10 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
                           f"{spec.tfds_name}:{spec.train_split}; use a smaller batch.")
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        # The split in memory (in_memory_bytes: a few MB to ~150 MB for the shipped datasets), for random access; images
-        # the task can use decoded are decoded here, once, not per drawn example.
-        examples = _encoded_split(spec, builder, spec.train_split).batch(num_examples).get_single_element()
-        seed_tensor = tf.constant(seed, tf.int64)
+        examples = decoded_train_split(spec, builder)
 
         def batch_at(positions):
-            """The examples at global stream positions `positions` (one per-replica batch): epoch-wise
-            permutations seeded by (SEED, epoch); a batch spans at most two epochs (batch <= split)."""
-            epochs, indices = positions // num_examples, positions % num_examples
-            first_epoch = epochs[0]
-            shuffled = tf.where(
-                tf.equal(epochs, first_epoch),
-                tf.random.experimental.index_shuffle(indices, seed=tf.stack([seed_tensor, first_epoch]),
-                                                     max_index=num_examples - 1),
-                tf.random.experimental.index_shuffle(indices, seed=tf.stack([seed_tensor, first_epoch + 1]),
-                                                     max_index=num_examples - 1))
-            batch = {key: tf.gather(values, shuffled) for key, values in examples.items()}
-            seeds = tf.stack([tf.fill(tf.shape(positions), seed_tensor), positions], axis=1)
-            features, targets = spec.task.prepare_batch(batch, builder.info.features, seeds=seeds)
-            return features, targets, positions
+            return examples_at(spec, builder, examples, positions, num_examples=num_examples, seed=seed)
 
         per_replica = context.get_per_replica_batch_size(global_batch_size)
         # Positions first, batched, then everything per batch (vectorised); Dataset.range, not counter: the
@@ -201,6 +185,35 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
                 .prefetch(tf.data.AUTOTUNE))
 
     return input_fn
+
+
+def decoded_train_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> dict[str, tf.Tensor]:
+    """The whole train split in memory, {feature key: tensor over examples in file order}, for random access
+    (in_memory_bytes: a few MB to ~150 MB for the shipped datasets); images the task can use decoded are decoded
+    here, once, not per drawn example."""
+    num_examples = split_size(builder, spec.train_split)
+    return _encoded_split(spec, builder, spec.train_split).batch(num_examples).get_single_element()
+
+
+def examples_at(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, examples: dict, positions: tf.Tensor, *,
+                num_examples: int, seed: int) -> tuple:
+    """(features, targets, positions) of the examples at training-stream `positions` (one per-replica batch, int64),
+    drawn from `examples` (decoded_train_split): epoch-wise permutations seeded by (SEED, epoch); a batch spans at
+    most two epochs (batch <= split). Augmentation is seeded by (SEED, position). The tf.data pipeline and the
+    on-device split (data/device_split.py) both call this, so both give the same batches."""
+    seed_tensor = tf.constant(seed, tf.int64)
+    epochs, indices = positions // num_examples, positions % num_examples
+    first_epoch = epochs[0]
+    shuffled = tf.where(
+        tf.equal(epochs, first_epoch),
+        tf.random.experimental.index_shuffle(indices, seed=tf.stack([seed_tensor, first_epoch]),
+                                             max_index=num_examples - 1),
+        tf.random.experimental.index_shuffle(indices, seed=tf.stack([seed_tensor, first_epoch + 1]),
+                                             max_index=num_examples - 1))
+    batch = {key: tf.gather(values, shuffled) for key, values in examples.items()}
+    seeds = tf.stack([tf.fill(tf.shape(positions), seed_tensor), positions], axis=1)
+    features, targets = spec.task.prepare_batch(batch, builder.info.features, seeds=seeds)
+    return features, targets, positions
 
 
 def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int):

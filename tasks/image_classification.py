@@ -3,6 +3,7 @@
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -58,8 +59,11 @@ class ImageClassification(Task):
 
     def preprocess(self, images: tf.Tensor) -> tf.Tensor:
         """Raw images (any int dtype, [..., H, W, C]) -> standardised float32; one image or a batch."""
-        images = tf.cast(images, tf.float32) / self.max_pixel_value
-        return (images - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
+        # Multiplications by float32 reciprocals: Grappler rewrites a division by a constant into one in some graphs
+        # and not others, so the batches drawn on the device (data/device_split.py) and by tf.data would differ.
+        scale = np.float32(1.0) / np.asarray(self.std, np.float32) / np.float32(self.max_pixel_value)
+        offset = np.asarray(self.mean, np.float32) / np.asarray(self.std, np.float32)
+        return tf.cast(images, tf.float32) * tf.constant(scale) - tf.constant(offset)
 
     def prepare(self, example, features, *, seed=None):
         image = example[self.image_key]

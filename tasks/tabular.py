@@ -47,7 +47,9 @@ class _Tabular(Task):
         if self.mean is None or self.std is None:
             raise ValueError(f"{type(self).__name__} has no feature statistics: call bind(builder) first.")
         features = tf.cast(features, tf.float32)
-        return (features - tf.constant(self.mean, tf.float32)) / tf.constant(self.std, tf.float32)
+        # Times the float32 reciprocal, not divided: see ImageClassification.preprocess.
+        inverse_std = np.float32(1.0) / np.asarray(self.std, np.float32)
+        return (features - tf.constant(self.mean, tf.float32)) * tf.constant(inverse_std)
 
     def serving_signature(self):
         return {"features": tf.TensorSpec([None, self.num_features], tf.float32, name="features")}

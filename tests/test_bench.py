@@ -21,6 +21,18 @@ def test_the_throughput_benchmark_runs_and_reports_every_column(tmp_path):
     case = json.load(open(output))["cases"]["mlp B=64"]
     assert set(case) == {"template SPL=1", "template SPL=10", "template SPL=100", "pipeline", "fixed batch",
                          "keras fit (in memory)", "keras fit (pipeline)", "guide loop", "fixed batch, XLA",
-                         "keras fit (in memory), XLA", "eval seconds", "checkpoint seconds"}
+                         "keras fit (in memory), XLA", "eval seconds", "checkpoint seconds",
+                         "template SPL=100, tf.data", "on-device batches"}
     assert all(value["median"] > 0 for value in case.values())
     assert "| template / keras fit |" in result.stdout and "time to first step" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_loop_audit_runs_and_reports_every_variant():
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "bench", "loop_audit.py"), "--models=mlp",
+                             "--batches=32", "--replicas=1,2", "--repetitions=1"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert {"template", "no metrics", "no loss sum", "bare", "template / bare"} <= set(rows), result.stdout
+    assert "mlp B=32 R=1" in result.stdout and "mlp B=32 R=2" in result.stdout

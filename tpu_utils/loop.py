@@ -16,7 +16,10 @@ import tensorflow as tf
 
 def make_train_loop(strategy: tf.distribute.Strategy, replica_step, step_counter: tf.Variable,
                     replica_local_variables=(), *, outputs=("loss",), accumulate_dtype=tf.float32):
-    """Returns loop(iterator, num_steps) -> {name: mean over the steps of the global value} for `outputs`.
+    """Returns loop(source, num_steps) -> {name: mean over the steps of the global value} for `outputs`.
+
+    `source` is a distributed iterator of per-replica batches, or an object whose `replica_batch(step)` gives, in
+    replica context, this replica's batch of global step `step` (data/device_split.py: no input pipeline at all).
 
     `replica_step` returns a dict with (at least) the keys in `outputs`: each replica's share of a global value
     (e.g. the loss); their SUM over replicas is the global value. They are accumulated in `accumulate_dtype`
@@ -29,10 +32,11 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step, step_counter
                  if tf.as_dtype(variable.dtype).is_floating]
 
     @tf.function
-    def train_loop(iterator, num_steps):
+    def train_loop(source, num_steps):
         totals = {name: tf.constant(0.0, accumulate_dtype) for name in outputs}
-        for _ in tf.range(num_steps):
-            per_replica = strategy.run(replica_step, args=(next(iterator),))
+        first_step = step_counter.read_value()
+        for index in tf.range(num_steps):
+            per_replica = run_on_next_batch(strategy, replica_step, source, first_step + tf.cast(index, tf.int64))
             totals = {name: totals[name] + tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica[name],
                                                                    axis=None), accumulate_dtype)
                       for name in outputs}
@@ -41,6 +45,14 @@ def make_train_loop(strategy: tf.distribute.Strategy, replica_step, step_counter
         return {name: total / tf.cast(num_steps, accumulate_dtype) for name, total in totals.items()}
 
     return train_loop
+
+
+def run_on_next_batch(strategy: tf.distribute.Strategy, replica_fn, source, step: tf.Tensor):
+    """strategy.run(replica_fn, ...) on each replica's batch of global step `step` (int64) from `source`: the next
+    element of a distributed iterator, or `source.replica_batch(step)` drawn on the device (data/device_split.py)."""
+    if hasattr(source, "replica_batch"):
+        return strategy.run(lambda step: replica_fn(source.replica_batch(step)), args=(step,))
+    return strategy.run(replica_fn, args=(next(source),))
 
 
 def average_replica_copies(strategy: tf.distribute.Strategy, variables) -> None:

@@ -22,6 +22,8 @@ _INT_EXAMPLES = {"global_batch_size": 128, "train_steps": 1000, "steps_per_loop"
 
 # float64: the replica-invariance check's precision (exact math to ~1e-15); on CPUs only, slow elsewhere.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "float64")
+# Where training batches are drawn (data/device_split.py): on the devices when it helps, always, or by tf.data.
+TRAIN_DATA_ON_DEVICE = ("auto", "always", "never")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,6 +58,9 @@ class ExperimentConfig:
     best_mode: str = "auto"  # 'max', 'min', or 'auto' (min for losses and errors).
     profile_steps: tuple[int, int] | None = None  # (start, stop): a profiler trace of those steps; None = off.
     profiler_port: int = 0  # A profiler server on this port for on-demand captures (chief only); 0 = off.
+    # Keep the train split on the devices and draw batches in the compiled loop (data/device_split.py): 'auto',
+    # 'always', 'never'.
+    train_data_on_device: str = "auto"
 
     def __post_init__(self):
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.
@@ -93,6 +98,10 @@ class ExperimentConfig:
         if self.clip_global_norm is not None and not self.clip_global_norm > 0:
             raise ConfigError(f"experiment.clip_global_norm={self.clip_global_norm!r} must be > 0, or None to disable "
                               f"clipping; e.g. {how_to_set('clip_global_norm', 1.0)}.")
+        if self.train_data_on_device not in TRAIN_DATA_ON_DEVICE:
+            raise ConfigError(f"experiment.train_data_on_device={self.train_data_on_device!r} is not one of "
+                              f"{', '.join(map(repr, TRAIN_DATA_ON_DEVICE))}; e.g. "
+                              f"{how_to_set('train_data_on_device', 'auto')}.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"PRECISION={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}; e.g. "
                               f"{how_to_set('precision', 'float32')}.")

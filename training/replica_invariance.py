@@ -125,6 +125,7 @@ def initial_gradient_norm(trainer: Trainer) -> float:
     training mode (BatchNormalization's moving statistics move): reset the weights afterwards."""
     import tensorflow as tf
 
+    from tpu_utils.loop import run_on_next_batch
     from training import step
 
     norm_step = step.make_gradient_norm_step(trainer.model, trainer.loss_fn,
@@ -132,10 +133,11 @@ def initial_gradient_norm(trainer: Trainer) -> float:
                                                     seed=trainer.config.seed)
 
     @tf.function
-    def norm(iterator):
-        return trainer.strategy.experimental_local_results(trainer.strategy.run(norm_step, args=(next(iterator),)))[0]
+    def norm(source, step):
+        return trainer.strategy.experimental_local_results(run_on_next_batch(trainer.strategy, norm_step, source,
+                                                                             step))[0]
 
-    return float(norm(trainer.train_iterator()))
+    return float(norm(trainer.train_iterator(), tf.constant(trainer.step, tf.int64)))
 
 
 def compare(runs: list[ReplicaRun]) -> None:

@@ -11,11 +11,11 @@ import keras
 import tensorflow as tf
 
 from common.errors import ConfigError
-from data import pipeline
+from data import device_split, pipeline
 from data.registry import bind_task, get_dataset_spec
 from models.registry import MODELS, get_model_builder
 from tpu_utils import loop
-from tpu_utils.strategy import io_device_for
+from tpu_utils.strategy import io_device_for, is_multi_worker
 from training import step
 from training.build_scope import seeded_build
 from training.config import ExperimentConfig
@@ -42,6 +42,12 @@ class Trainer:
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
         self.dataset_spec = bind_task(spec, self.data, dataset=config.dataset)
         self.task = self.dataset_spec.task
+        # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
+        on_tpu = config.strategy == "tpu" or isinstance(strategy, tf.distribute.TPUStrategy)
+        self.train_data_on_device = training and device_split.wanted(
+            config.train_data_on_device, self.dataset_spec, self.data, on_tpu=on_tpu,
+            multi_worker=is_multi_worker(strategy))
+        self._device_split = None
         self.loss_fn = loss_fn = get_loss(config.loss or self.task.default_loss, self.task)
 
         # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
@@ -100,7 +106,15 @@ class Trainer:
                                             global_batch_size=self.config.global_batch_size)
 
     def train_iterator(self):
-        """A distributed iterator over the training data, positioned at the current step."""
+        """The training data positioned at the current step: the split on the devices when
+        experiment.train_data_on_device allows (data/device_split.py; built once, positioned by the step counter),
+        else a distributed iterator over the tf.data pipeline."""
+        if self.train_data_on_device:
+            if self._device_split is None:
+                self._device_split = device_split.DeviceSplit(self.dataset_spec, self.data, self.strategy,
+                                                              global_batch_size=self.config.global_batch_size,
+                                                              seed=self.config.seed)
+            return self._device_split
         return iter(self.strategy.distribute_datasets_from_function(self.train_input_fn()))
 
     def train(self, iterator, num_steps: int) -> dict:

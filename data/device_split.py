@@ -1,0 +1,94 @@
+"""The train split kept on every replica's device, each step's batch gathered inside the compiled training loop.
+
+For splits that fit in memory the tf.data pipeline (data/pipeline.py) draws each per-replica batch on the host:
+shuffle the positions, gather the examples, prepare them (augment, scale), then copy the batch to the device. On
+fast models that host work, not the model, limits the step rate, and more so with several replicas on the same
+cores. Here the decoded split is copied once to every replica's device (a non-trainable mirrored variable per
+feature, never checkpointed) and the same function, pipeline.examples_at, runs inside the compiled loop on the
+positions of the current step: no tf.data on the critical path at all.
+
+Same batches as the tf.data pipeline, bit for bit, on one host: global step s trains on stream positions
+[s * G, (s + 1) * G) and replica r of R takes [s * G + r * G/R, s * G + (r + 1) * G/R), which is how
+distribute_datasets_from_function hands out consecutive per-replica batches. The order is positioned by the step
+counter, so resume stays exact. On several hosts the union of a step's batches is the same G examples (each
+replica's share differs from the tf.data pipeline's, which changes nothing in the summed gradients).
+
+`experiment.train_data_on_device`: 'auto' (the default) uses it when it can help and is known to work: the split is
+read into memory anyway, every feature the task keeps is numeric (strings cannot live on an accelerator), it takes at
+most DEVICE_LIMIT_BYTES per replica, one process runs the job (several workers would each receive every other
+worker's copy at start), and the strategy is not a TPU: the epoch permutation (tf.random.experimental.index_shuffle)
+has no XLA kernel, and TPUs run only XLA. 'always' makes any reason it cannot be used an error; 'never' keeps
+the tf.data pipeline.
+"""
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from common.errors import ConfigError
+from data import pipeline
+from data.registry import DatasetSpec
+
+DEVICE_LIMIT_BYTES = 512 << 20  # Per replica (its device holds one copy): CIFAR-10 decoded takes 150 MB.
+
+
+def unusable_because(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on_tpu: bool) -> str | None:
+    """Why the train split cannot be kept on the devices (None: it can). Reads metadata only. `on_tpu`: the run is
+    (or, for --preflight on CPU, will be) on a TPU."""
+    if pipeline.reads_by_shard(spec, builder):
+        return "the train split is read by shard file (too large for memory)"
+    size = pipeline.in_memory_bytes(spec, builder) if spec.train_split in builder.info.splits else 0
+    if size > DEVICE_LIMIT_BYTES:
+        return f"the decoded train split takes {size / 2**20:,.0f} MiB, over {DEVICE_LIMIT_BYTES >> 20} MiB per replica"
+    if on_tpu:
+        return ("the strategy is a TPU: the epoch permutation (tf.random.experimental.index_shuffle) has no XLA "
+                "kernel, so the TPU cannot draw batches itself")
+    element = pipeline._encoded_split(spec, builder, spec.train_split).element_spec
+    strings = sorted(key for key, feature in element.items() if feature.dtype == tf.string)
+    if strings:
+        return f"feature(s) {strings} are strings (encoded images or text), which only the host can decode"
+    return None
+
+
+def wanted(setting: str, spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on_tpu: bool,
+           multi_worker: bool) -> bool:
+    """Whether to keep the train split on the devices for `setting` ('auto', 'always', 'never'); 'always' with a
+    reason it cannot is a ConfigError naming the reason."""
+    if setting == "never":
+        return False
+    reason = unusable_because(spec, builder, on_tpu=on_tpu)
+    if setting == "always" and reason:
+        raise ConfigError(f"experiment.train_data_on_device='always' cannot be honoured for {spec.tfds_name!r}: "
+                          f"{reason}. Set experiment.train_data_on_device='auto' (or 'never') to read batches with "
+                          "tf.data on the host.")
+    return reason is None and (setting == "always" or not multi_worker)
+
+
+class DeviceSplit:
+    """The decoded train split on every replica's device; `replica_batch(step)` is one replica's batch of `step`.
+
+    Pass it where the training loop takes an iterator (tpu_utils/loop.py): the loop calls replica_batch inside
+    strategy.run with the global step of each iteration. Build it once per Trainer: the loop is traced for it.
+    """
+
+    def __init__(self, spec: DatasetSpec, builder: tfds.core.DatasetBuilder, strategy: tf.distribute.Strategy, *,
+                 global_batch_size: int, seed: int):
+        self._spec, self._builder, self._seed = spec, builder, seed
+        self._num_examples = pipeline.split_size(builder, spec.train_split)
+        if self._num_examples < global_batch_size:
+            raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {self._num_examples} "
+                              f"examples of {spec.tfds_name}:{spec.train_split}; use a smaller batch.")
+        self._global_batch_size = global_batch_size
+        self._per_replica = global_batch_size // strategy.num_replicas_in_sync
+        examples = pipeline.decoded_train_split(spec, builder)
+        with strategy.scope():  # One copy per replica's device; not tracked by any checkpoint.
+            self._examples = {key: tf.Variable(value, trainable=False, name=f"train_split_{key}")
+                              for key, value in examples.items()}
+
+    def replica_batch(self, step: tf.Tensor) -> tuple:
+        """(features, targets, positions) of this replica's share of global step `step` (int64); call it in replica
+        context."""
+        replica = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.int64)
+        start = step * self._global_batch_size + replica * self._per_replica
+        positions = start + tf.range(self._per_replica, dtype=tf.int64)
+        return pipeline.examples_at(self._spec, self._builder, self._examples, positions,
+                                    num_examples=self._num_examples, seed=self._seed)
