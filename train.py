@@ -54,8 +54,8 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     for package in ("training", "tpu_utils", "data", "models"):  # Our progress lines; libraries stay at WARNING.
         logging.getLogger(package).setLevel(logging.INFO)
-    if not args.preflight:  # On a TPU, before TensorFlow loads: PJRT on v5e and later (tpu_utils/tpu_startup.py).
-        from tpu_utils.tpu_startup import prepare_tpu_environment
+    if not args.preflight:  # On a TPU, before TensorFlow loads: PJRT on v5e and later (tpu_utils/tpu/startup.py).
+        from tpu_utils.tpu.startup import prepare_tpu_environment
 
         prepare_tpu_environment()
 

@@ -13,7 +13,7 @@ Steps (each a `gcloud compute tpus ...` command):
  3. start `train.py ARGS` detached on worker 0 (`setsid nohup`, log and pid in ~/tpu-template/job/) and poll its
     log over SSH. A dropped SSH connection is retried: the job keeps running and the log resumes where it stopped.
     PJRT (v5e, v5p, v6e) or the classic runtime is decided from the accelerator type by the same start-up code as
-    train.py's (tpu_utils/tpu_startup.py). Pod slices are driven by TensorFlow's single client on worker 0
+    train.py's (tpu_utils/tpu/startup.py). Pod slices are driven by TensorFlow's single client on worker 0
     (`TPU=<name>`, `TPU_LOAD_LIBRARY=0`); their TPU runtime must be a `-pod` runtime of the same TensorFlow as
     requirements-tpu.txt, or `--tpu_server_image` realigns every host's TPU server; otherwise nothing is created;
  4. with `--max_restarts N`, every interruption it can recognise is resumed from the checkpoint: exit 3 (train.py
@@ -40,11 +40,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
 
 from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED  # noqa: E402
-from tpu_utils.cloud_tpu import Gcloud, LauncherError  # noqa: E402
-from tpu_utils.remote_job import parse_poll, poll_command, start_command, started_pid, stop_command  # noqa: E402
-from tpu_utils.tpu_facts import RuntimeFacts  # noqa: E402
-from tpu_utils.tpu_generations import parse_accelerator_type  # noqa: E402
-from tpu_utils.tpu_startup import PJRT_ENV, decide  # noqa: E402
+from tpu_utils.tpu.facts import RuntimeFacts  # noqa: E402
+from tpu_utils.tpu.gcloud import Gcloud, LauncherError  # noqa: E402
+from tpu_utils.tpu.generations import parse_accelerator_type  # noqa: E402
+from tpu_utils.tpu.remote_job import parse_poll, poll_command, start_command, started_pid, stop_command  # noqa: E402
+from tpu_utils.tpu.startup import PJRT_ENV, decide  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REMOTE_DIR = "tpu-template"  # In the home directory of each worker.

@@ -13,8 +13,8 @@ import pytest
 
 from common.errors import ConfigError
 from tests.helpers import REPO_ROOT, run_train_py
-from tpu_utils import tpu_init
 from tpu_utils.local_cluster import free_loopback_ports
+from tpu_utils.tpu import initialize as tpu_init
 
 
 @pytest.mark.parametrize("tpu", ["local", "my-tpu-pod", "v3-32", "grpc://10.0.0.2:8470"])
@@ -59,7 +59,7 @@ def test_an_unreachable_tpu_address_ends_within_the_startup_timeout():
     port = free_loopback_ports(1)[0]
     script = ("import os\nos.environ['TPU_LOAD_LIBRARY'] = '0'\n"
               "import logging; logging.basicConfig(level=logging.INFO)\n"
-              "from tpu_utils.tpu_init import make_tpu_strategy\n"
+              "from tpu_utils.tpu.initialize import make_tpu_strategy\n"
               f"make_tpu_strategy('grpc://127.0.0.1:{port}', startup_timeout_seconds=5)\n"
               "print('RETURNED')\n")
     started = time.monotonic()
@@ -110,8 +110,8 @@ def test_local_paths_under_a_tpu_strategy_do_their_io_on_this_host():
 def test_a_pjrt_tpu_without_the_start_up_variables_says_how_to_set_them():
     """Faked (no TPU here): a v5e-1's accelerator type and an installed-looking libtpu; the start-up was skipped."""
     script = ("import os, sys\n"
-              "from tpu_utils import tpu_init\n"
-              "from tpu_utils.tpu_facts import RuntimeFacts\n"
+              "from tpu_utils.tpu import initialize as tpu_init\n"
+              "from tpu_utils.tpu.facts import RuntimeFacts\n"
               "tpu_init.gather_facts = lambda environ: RuntimeFacts(accelerator_type='v5litepod-1',\n"
               "                                                     libtpu_path='/site-packages/libtpu/libtpu.so')\n"
               "print('HINT:', tpu_init.missing_startup_variables({}))\n"

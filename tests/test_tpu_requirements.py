@@ -15,7 +15,7 @@ from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from tests.helpers import REPO_ROOT
-from tpu_utils.tpu_startup import TF_COMPATIBLE_LIBTPU
+from tpu_utils.tpu.startup import TF_COMPATIBLE_LIBTPU
 
 RESOLUTION = os.path.join(REPO_ROOT, "tests", "data", "tpu_requirements_resolution.json")
 PYTHONS = ("3.11", "3.12", "3.13")

@@ -1,4 +1,4 @@
-"""The TPU start-up decision (tpu_utils/tpu_startup.py) for every generation, from faked runtime facts.
+"""The TPU start-up decision (tpu_utils/tpu/startup.py) for every generation, from faked runtime facts.
 
 No TPU exists here, so what a TPU host would show is faked, and only that: the accelerator type (environment
 variable or a loopback stand-in for the TPU VM metadata server), TPU chips on the PCI bus and device files (a fake
@@ -16,10 +16,11 @@ import threading
 import pytest
 
 from tests.helpers import REPO_ROOT
-from tpu_utils import tpu_facts, tpu_startup
-from tpu_utils.tpu_facts import RuntimeFacts, gather_facts
-from tpu_utils.tpu_generations import parse_accelerator_type
-from tpu_utils.tpu_startup import decide, prepare_tpu_environment
+from tpu_utils.tpu import facts as tpu_facts
+from tpu_utils.tpu import startup as tpu_startup
+from tpu_utils.tpu.facts import RuntimeFacts, gather_facts
+from tpu_utils.tpu.generations import parse_accelerator_type
+from tpu_utils.tpu.startup import decide, prepare_tpu_environment
 
 LIBTPU = "/site-packages/libtpu/libtpu.so"
 PJRT_ENV = {"NEXT_PLUGGABLE_DEVICE_USE_C_API": "true", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": LIBTPU}
@@ -215,7 +216,7 @@ def test_train_py_sets_the_environment_before_tensorflow_loads(accelerator_type,
 
 def test_the_command_line_prints_the_decision_as_exports(fake_libtpu):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([fake_libtpu, REPO_ROOT])}
-    result = subprocess.run([sys.executable, "-m", "tpu_utils.tpu_startup", "--accelerator_type=v5p-8"],
+    result = subprocess.run([sys.executable, "-m", "tpu_utils.tpu.startup", "--accelerator_type=v5p-8"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "export NEXT_PLUGGABLE_DEVICE_USE_C_API=true"

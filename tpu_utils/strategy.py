@@ -9,8 +9,8 @@ import os
 import tensorflow as tf
 
 from common.errors import ConfigError
-from tpu_utils import tpu_facts
 from tpu_utils.deadline import exit_if_stuck
+from tpu_utils.tpu import facts as tpu_facts
 
 STRATEGY_NAMES = ("auto", "default", "mirrored", "multi_worker_mirrored", "tpu")
 
@@ -134,7 +134,7 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 def _tpu(*, virtual_devices, tpu, startup_timeout_seconds):
     del virtual_devices
-    from tpu_utils import tpu_init  # Imported lazily: only TPU runs need the resolver machinery.
+    from tpu_utils.tpu import initialize as tpu_init  # Imported lazily: only TPU runs need the resolver machinery.
 
     return tpu_init.make_tpu_strategy(tpu, startup_timeout_seconds=startup_timeout_seconds)
 

@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from tpu_utils.deadline import exit_if_stuck
-from tpu_utils.tpu_facts import gather_facts
-from tpu_utils.tpu_startup import PJRT_ENV, decide
+from tpu_utils.tpu.facts import gather_facts
+from tpu_utils.tpu.startup import PJRT_ENV, decide
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def describe_topology(topology) -> str:
 
 
 def missing_startup_variables(environ=os.environ) -> str:
-    """'' if this host's TPU start-up (tpu_utils/tpu_startup.py) is in effect, else what is missing and the fix.
+    """'' if this host's TPU start-up (tpu_utils/tpu/startup.py) is in effect, else what is missing and the fix.
 
     TensorFlow reads the PJRT variables when it is imported, so by now they can only be checked, not set.
     """
@@ -80,8 +80,8 @@ def missing_startup_variables(environ=os.environ) -> str:
         return ""
     return (f"{' and '.join(missing)} were not set when TensorFlow was imported, and this "
             f"{decision.generation or 'TPU'} needs the PJRT runtime: call "
-            "tpu_utils.tpu_startup.prepare_tpu_environment() before anything imports TensorFlow (train.py does), or "
-            "`eval \"$(python -m tpu_utils.tpu_startup)\"` before starting Python.")
+            "tpu_utils.tpu.startup.prepare_tpu_environment() before anything imports TensorFlow (train.py does), or "
+            "`eval \"$(python -m tpu_utils.tpu.startup)\"` before starting Python.")
 
 
 def make_tpu_strategy(tpu: str, *, startup_timeout_seconds: int = 300) -> tf.distribute.TPUStrategy:

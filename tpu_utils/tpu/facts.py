@@ -19,7 +19,7 @@ import importlib.util
 import os
 import urllib.request
 
-from tpu_utils.tpu_generations import GOOGLE_PCI_VENDOR, PCI_DEVICE_GENERATIONS
+from tpu_utils.tpu.generations import GOOGLE_PCI_VENDOR, PCI_DEVICE_GENERATIONS
 
 RUNTIME_CHOICES = ("auto", "pjrt", "classic", "off")
 DEVICE_FILE_GLOBS = ("dev/accel[0-9]*", "dev/vfio/[0-9]*")

@@ -9,7 +9,7 @@ v6e-8 runs the 8-replica config written for a v3-8, and a v5p-8 the 4-replica on
   8         *_v3_8.gin            v2-8, v3-8, v5litepod-8, v6e-8
   32        *_v3_32_pod.gin       v3-32 (and any other 32-replica slice)
 
-  python -m tpu_utils.tpu_configs --accelerator_type=v6e-8 [--model=cifar10_resnet]
+  python -m tpu_utils.tpu.configs --accelerator_type=v6e-8 [--model=cifar10_resnet]
 """
 
 import argparse
@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from tpu_utils.tpu_generations import parse_accelerator_type
+from tpu_utils.tpu.generations import parse_accelerator_type
 
 CONFIG_DIR = "configs/tpu"
 # Per model: {replicas: config file}. Keep in step with the files' `experiment.target_replicas` (a test checks).
@@ -44,7 +44,7 @@ def config_for_replicas(model: str, replicas: int) -> str:
 
 
 def config_for_accelerator_type(model: str, accelerator_type: str) -> str:
-    """The config for an accelerator type such as v6e-8 (its replica count: see tpu_generations.py)."""
+    """The config for an accelerator type such as v6e-8 (its replica count: see generations.py)."""
     replicas = parse_accelerator_type(accelerator_type).replicas
     if replicas is None:
         raise ValueError(f"accelerator type {accelerator_type!r}: a generation this template does not know, so its "

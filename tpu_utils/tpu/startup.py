@@ -11,8 +11,8 @@ the accelerator type it creates):
 Variables already in the environment win (they are the user's explicit choice) and the log says so.
 `TPU_RUNTIME=pjrt|classic` overrides the decision, `TPU_RUNTIME=off` turns it off (a CPU run on a TPU host).
 
-  python -m tpu_utils.tpu_startup                 # what start-up decides on this host, as `export` lines
-  python -m tpu_utils.tpu_startup --accelerator_type=v6e-8
+  python -m tpu_utils.tpu.startup                 # what start-up decides on this host, as `export` lines
+  python -m tpu_utils.tpu.startup --accelerator_type=v6e-8
 """
 
 import argparse
@@ -22,8 +22,8 @@ import os
 import shlex
 import sys
 
-from tpu_utils.tpu_facts import RUNTIME_CHOICES, RuntimeFacts, gather_facts
-from tpu_utils.tpu_generations import BY_NAME, CLASSIC, PJRT, parse_accelerator_type
+from tpu_utils.tpu.facts import RUNTIME_CHOICES, RuntimeFacts, gather_facts
+from tpu_utils.tpu.generations import BY_NAME, CLASSIC, PJRT, parse_accelerator_type
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def prepare_tpu_environment(environ=os.environ, facts: RuntimeFacts | None = Non
                  decision.env[key])
     if "tensorflow" in sys.modules and decision.env:
         log.warning("TPU start-up: TensorFlow was imported before these variables were set, so they may have no "
-                    "effect. Call tpu_utils.tpu_startup.prepare_tpu_environment() before anything imports "
+                    "effect. Call tpu_utils.tpu.startup.prepare_tpu_environment() before anything imports "
                     "TensorFlow (Colab: Runtime > Restart session, then run the cells in order).")
     return decision
 
