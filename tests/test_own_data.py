@@ -38,6 +38,26 @@ def _stage(*args: str) -> int:
     return stage.main(list(args))
 
 
+def _stage_flags(root) -> dict:
+    """The data.stage source flags of each staged dataset (files written by the `staged` fixture under root)."""
+    return {
+        "own_npz": [f"--from_npz={root}/rows.npz"],
+        "own_csv": [f"--from_csv=train={root}/train.csv,test={root}/test.csv", "--label=price"],
+        "own_tfrecord": [f"--from_tfrecord=train={root}/train-*.tfrecord,test={root}/test-*.tfrecord",
+                         "--features=x:float32[4],y:int64", "--label=y"],
+        "own_images": [f"--from_image_folder={root}/images"],
+    }
+
+
+# Per staged dataset: the shipped experiment to train it with, the eval metric and the bound it must reach.
+TRAINING = {
+    "own_npz": (TABULAR, "accuracy", 0.85),
+    "own_tfrecord": (TABULAR, "accuracy", 0.85),
+    "own_csv": (["--gin_file=configs/experiments/synthetic_housing_mlp.gin"], "mean_absolute_error", 1.0),
+    "own_images": (["--gin_file=configs/experiments/digits_mlp.gin"], "accuracy", 0.9),
+}
+
+
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory) -> dict:
     """One data_dir with four staged datasets (one per source) and the raw inputs they came from."""
@@ -47,8 +67,6 @@ def staged(tmp_path_factory) -> dict:
     x_test, y_test = _rows(100, 1)
     inputs["npz"] = str(root / "rows.npz")
     np.savez(inputs["npz"], x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
-    assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={inputs['npz']}") == 0
-
     for split, (x, y) in (("train", (x_train, y_train)), ("test", (x_test, y_test))):
         target = (x[:, 0] - OFFSETS[0]) / SCALES[0] - 2 * (x[:, 2] - OFFSETS[2]) / SCALES[2]  # From raw columns.
         with open(root / f"{split}.csv", "w") as handle:
@@ -59,13 +77,20 @@ def staged(tmp_path_factory) -> dict:
                 writer.write(tf.train.Example(features=tf.train.Features(feature={
                     "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
                     "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
-    assert _stage("--name=own_csv", f"--data_dir={data_dir}", f"--from_csv=train={root}/train.csv,"
-                  f"test={root}/test.csv", "--label=price") == 0
-    assert _stage("--name=own_tfrecord", f"--data_dir={data_dir}", f"--from_tfrecord=train={root}/train-*.tfrecord,"
-                  f"test={root}/test-*.tfrecord", "--features=x:float32[4],y:int64", "--label=y") == 0
     write_class_images(str(root / "images"), {"train": 40, "test": 10})
-    assert _stage("--name=own_images", f"--data_dir={data_dir}", f"--from_image_folder={root}/images") == 0
+    for name, flags in _stage_flags(root).items():
+        assert _stage(f"--name={name}", f"--data_dir={data_dir}", *flags) == 0, name
     return {"data_dir": data_dir, "root": root, "inputs": inputs, "test": (x_test, y_test)}
+
+
+def _train_by_name(name: str, data_dir: str, model_dir: str) -> None:
+    """Trains the staged dataset `name` by DATASET='tfds:NAME' through train.py and checks its eval metric."""
+    config, metric, bound = TRAINING[name]
+    result = run_train_py(*config, *TINY, f"--gin_param=DATASET='tfds:{name}'", f"--gin_param=DATA_DIR='{data_dir}'",
+                          f"--model_dir={model_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    value = json.load(tf.io.gfile.GFile(f"{model_dir}/metrics.json"))["eval"][metric]
+    assert value >= bound if metric == "accuracy" else value <= bound, result.stdout[-1500:]
 
 
 def test_each_source_is_a_tfds_dataset_with_features_and_split_sizes_in_its_metadata(staged):
@@ -83,19 +108,10 @@ def test_each_source_is_a_tfds_dataset_with_features_and_split_sizes_in_its_meta
     np.testing.assert_array_equal(rows["label"], staged["test"][1])
 
 
-@pytest.mark.parametrize("name, config, metric, bound", [
-    ("own_npz", TABULAR, "accuracy", 0.85),
-    ("own_tfrecord", TABULAR, "accuracy", 0.85),
-    ("own_csv", ["--gin_file=configs/experiments/synthetic_housing_mlp.gin"], "mean_absolute_error", 1.0),
-    ("own_images", ["--gin_file=configs/experiments/digits_mlp.gin"], "accuracy", 0.9),
-])
-def test_each_staged_source_trains_by_name(staged, tmp_path, name, config, metric, bound):
+@pytest.mark.parametrize("name", sorted(TRAINING))
+def test_each_staged_source_trains_by_name(staged, tmp_path, name):
     model_dir = str(tmp_path / "run")
-    result = run_train_py(*config, *TINY, f"--gin_param=DATASET='tfds:{name}'",
-                          f"--gin_param=DATA_DIR='{staged['data_dir']}'", f"--model_dir={model_dir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    value = json.load(open(os.path.join(model_dir, "metrics.json")))["eval"][metric]
-    assert value >= bound if metric == "accuracy" else value <= bound, result.stdout[-1500:]
+    _train_by_name(name, staged["data_dir"], model_dir)
     if name == "own_npz":  # The export serves raw rows (not standardised ones) and standardises them itself.
         served = tf.saved_model.load(f"{model_dir}/export/60").signatures["serving_default"]
         rows, labels = staged["test"]
@@ -122,20 +138,31 @@ def test_a_second_stage_does_nothing_and_force_rebuilds(staged, capsys):
 
 
 @pytest.mark.slow
-def test_own_data_stages_into_gcs_and_trains_from_there(staged, gcs, gcs_bucket, tmp_path):
+@pytest.mark.parametrize("name", sorted(TRAINING))
+def test_each_source_stages_into_gcs_and_trains_from_there(staged, gcs, gcs_bucket, tmp_path, name):
+    """Staged into gs:// (loopback server), the dataset holds the same examples as the local staging, and trains
+    by name from there with the model_dir on gs:// too."""
+    data_dir = f"gs://{gcs_bucket}/tensorflow_datasets"
+    assert _stage(f"--name={name}", f"--data_dir={data_dir}", *_stage_flags(staged["root"])[name]) == 0
+    names = gcs.object_names(gcs_bucket, f"tensorflow_datasets/{name}/1.0.0/")
+    assert any(object_name.endswith("dataset_info.json") for object_name in names), names
+    for split in ("train", "test"):
+        local, remote = (tfds.as_numpy(tfds.builder(name, data_dir=where).as_dataset(split, batch_size=-1))
+                         for where in (staged["data_dir"], data_dir))
+        assert local.keys() == remote.keys()
+        for key in local:
+            np.testing.assert_array_equal(local[key], remote[key], err_msg=f"{name} {split} {key}")
+    _train_by_name(name, data_dir, f"gs://{gcs_bucket}/runs/{name}")
+
+
+@pytest.mark.slow
+def test_staging_into_gcs_prints_the_command_and_a_second_stage_rewrites_nothing(staged, gcs, gcs_bucket):
     data_dir = f"gs://{gcs_bucket}/tensorflow_datasets"
     result = run_module("data.stage", "--name=own_npz", f"--data_dir={data_dir}",
                         f"--from_npz={staged['inputs']['npz']}")
     assert result.returncode == 0 and "own_npz: built into" in result.stdout, result.stderr[-3000:]
     assert ("--gin_file=configs/experiments/breast_cancer_mlp.gin --gin_param=\"DATASET='tfds:own_npz'\"" in
             result.stdout and "TabularClassification(num_features=4)" in result.stdout), result.stdout
-    names = gcs.object_names(gcs_bucket, "tensorflow_datasets/own_npz/1.0.0/")
-    assert any(name.endswith("dataset_info.json") for name in names), names
-    trained = run_train_py(*TABULAR, *TINY, "--gin_param=DATASET='tfds:own_npz'", f"--gin_param=DATA_DIR='{data_dir}'",
-                           f"--model_dir={tmp_path / 'run'}")
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    assert "'accuracy': " in trained.stdout
-
     info = "tensorflow_datasets/own_npz/1.0.0/dataset_info.json"
     generation = gcs.client().bucket(gcs_bucket).get_blob(info).generation
     assert _stage("--name=own_npz", f"--data_dir={data_dir}", f"--from_npz={staged['inputs']['npz']}") == 0
