@@ -1,4 +1,5 @@
-"""The same global batch trains the same weights at 1, 2, 4 and 8 replicas, for every shipped model and optimizer.
+"""The same global batch trains the same weights at 1, 2, 4 and 8 replicas, for every shipped model, loss, optimizer
+and offline experiment config; a model, loss or config added without a case here fails the suite.
 
 Checked as the README says (training/replica_invariance.py): float64, the shipped configs' learning rate, schedule
 and momentum, enough steps to leave the warm-up, L2 and a binding clip forced on, worst tensor within 1e-9.
@@ -6,17 +7,24 @@ Negative controls plant each classic scaling bug in training/step.py and show th
 default config exits 1 for it. Float32 is tested only for what holds there (agreement to rounding over a few steps).
 """
 
+import glob
+import os
+
 import gin
 import keras
 import pytest
 import tensorflow as tf
 
+from data.registry import get_dataset_spec
 from helpers import REPO_ROOT, run_module
+from models.registry import MODELS
 from training import config_files, experiment, replica_invariance, step
+from training.losses import LOSSES
 
 REPLICAS = [1, 2, 4, 8]
 DEFAULT = "configs/default.gin"
 MLP = "configs/experiments/digits_mlp.gin"
+EXPERIMENTS = os.path.join(REPO_ROOT, "configs", "experiments")
 
 
 def _shipped(config_file: str, *params: str):
@@ -25,32 +33,80 @@ def _shipped(config_file: str, *params: str):
     return experiment.experiment()
 
 
-# (config, its overrides): every model with the optimizers it is used with; shipped learning rates and schedules
-# (Adam and AdamW at their usual 1e-3); dropout on where a model has it.
+# The one list of invariance cases: (config, its overrides, replica counts). Every model in models/registry.py,
+# every loss in training/losses.py and every offline experiment config must appear in one (checked below, so a model,
+# loss or config you add cannot skip the check); the optimizers each model is used with; shipped learning rates and
+# schedules (Adam and AdamW at their usual 1e-3); dropout on where a model has it.
 CASES = {
-    "cnn-sgd": (DEFAULT, ()),
-    "cnn-adam-dropout": (DEFAULT, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "cnn.dropout_rate=0.3")),
-    "cnn-adamw": (DEFAULT, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001")),
-    "mlp-sgd-dropout": (MLP, ("mlp.dropout_rate=0.3",)),
-    "mlp-adam": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001")),
+    "cnn-sgd": (DEFAULT, (), REPLICAS),
+    "cnn-adam-dropout": (DEFAULT, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "cnn.dropout_rate=0.3"),
+                         REPLICAS),
+    "cnn-adamw": (DEFAULT, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001"), REPLICAS),
+    "mlp-sgd-dropout": (MLP, ("mlp.dropout_rate=0.3",), REPLICAS),
+    "mlp-adam": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001"), REPLICAS),
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.
-    "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8")),
+    "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), REPLICAS),
+    # The worked examples of other tasks (README, "Make it yours"), as shipped.
+    "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
+    "synthetic-housing-mlp-mse": ("configs/experiments/synthetic_housing_mlp.gin", (), [1, 2, 4]),
+    "synthetic-reviews-transformer-dropout": ("configs/experiments/synthetic_reviews_transformer.gin", (), [1, 2, 4]),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_weights_match_across_replica_counts_in_float64(data_dir, case):
-    config_file, params = CASES[case]
+    config_file, params, replicas = CASES[case]
     config = _shipped(config_file, *params)
     steps = replica_invariance.default_steps()
     assert steps >= 40 and steps > gin.query_parameter("cosine.warmup_steps")  # Past the warm-up.
-    runs, probe = replica_invariance.measure(config, REPLICAS, steps=steps)
+    runs, probe = replica_invariance.measure(config, replicas, steps=steps)
     passed, table = replica_invariance.report(runs, probe)
     print(table)
     assert passed, table
-    assert [run.replicas for run in runs] == REPLICAS
+    assert [run.replicas for run in runs] == replicas
     assert probe.precision == "float64" and probe.kernel_l2 and probe.clip_global_norm  # Both bugs could show.
+
+
+def _offline_experiments() -> set[str]:
+    """default.gin and every configs/experiments/*.gin whose dataset is bundled (builds offline)."""
+    offline = set()
+    for path in [DEFAULT, *sorted(glob.glob(os.path.join(EXPERIMENTS, "*.gin")))]:
+        config = _shipped(path)
+        if not config.dataset.startswith("tfds:") and get_dataset_spec(config.dataset).module:
+            offline.add(os.path.relpath(os.path.join(REPO_ROOT, path), REPO_ROOT))
+    return offline
+
+
+def uncovered(cases: dict) -> dict[str, list[str]]:
+    """What no case of `cases` exercises: registered models, registered losses, offline experiment configs."""
+    models, losses, files = set(), set(), set()
+    for config_file, params, _ in cases.values():
+        config = _shipped(config_file, *params)
+        models.add(config.model)
+        losses.add(config.loss or get_dataset_spec(config.dataset).task.default_loss)
+        files.add(config_file)
+    return {name: sorted(missing) for name, missing in (("models", set(MODELS) - models),
+                                                         ("losses", set(LOSSES) - losses),
+                                                         ("configs", _offline_experiments() - files)) if missing}
+
+
+def test_every_registered_model_loss_and_offline_config_has_an_invariance_case():
+    """A model, loss or experiment config you add is checked too: add a case for it to CASES above, e.g.
+    "my-model-sgd": (DEFAULT, ("MODEL='my_model'",), [1, 2, 4]), or for a loss (its task's config,
+    ("experiment.loss='my_loss'",), [1, 2, 4]), then run this file."""
+    missing = uncovered(CASES)
+    assert not missing, (f"No replica-invariance case exercises {missing}: add one per name to CASES in "
+                         "tests/test_replica_invariance.py (see this test's docstring).")
+
+
+def test_the_coverage_check_names_a_model_and_a_loss_added_without_a_case(monkeypatch):
+    """Negative control: a newly registered model and loss are reported until a case uses them."""
+    monkeypatch.setitem(MODELS, "wide_mlp", MODELS["mlp"])
+    monkeypatch.setitem(LOSSES, "focal", LOSSES["softmax_cross_entropy"])
+    assert uncovered(CASES) == {"models": ["wide_mlp"], "losses": ["focal"]}
+    with_cases = {**CASES, "wide": (MLP, ("MODEL='wide_mlp'", "experiment.loss='focal'"), [1, 2])}
+    assert uncovered(with_cases) == {}
 
 
 PLANTED_BUGS = {

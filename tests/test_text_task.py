@@ -2,9 +2,9 @@
 graph to fixed-length ids, a small Transformer, and every guarantee of the template.
 
 It trains offline through train.py to what its config header states and its SavedModel serves raw strings with
-class names; it is replica invariant in float64 at 1, 2 and 4 replicas (dropout on); its eval metrics equal a NumPy
-computation over the whole test split at 1 and 3 replicas (a padded last batch); a run with dropout resumes bit for
-bit; `--preflight` passes at 8 replicas in bfloat16. Negative controls: without the attention's padding mask the
+class names; its eval metrics equal a NumPy computation over the whole test split at 1 and 3 replicas (a padded last
+batch); a run with dropout resumes bit for bit; `--preflight` passes at 8 replicas in bfloat16. Its float64
+replica-invariance check at 1, 2 and 4 replicas (dropout on) is a case of tests/test_replica_invariance.py. Negative controls: without the attention's padding mask the
 model's output depends on the padding, and a task that does not pad to a fixed length fails the preflight.
 """
 
@@ -23,7 +23,7 @@ from helpers import REPO_ROOT, checkpoint_values, run_train_py
 from models import transformer as transformer_module
 from tasks.text_classification import TextClassification
 from tpu_utils.strategy import make_strategy
-from training import config_files, experiment, preflight, replica_invariance
+from training import config_files, experiment, preflight
 from training.trainer import Trainer
 
 CONFIG = "configs/experiments/synthetic_reviews_transformer.gin"
@@ -98,16 +98,6 @@ def test_the_example_reaches_its_stated_accuracy_and_serves_raw_strings(tmp_path
     outputs = served.signatures["serving_default"](text=tf.constant(["THE SCREEN IS GREAT!!", "the screen is not great",
                                                                      "The price is awful, but the lens is superb."]))
     assert [name.decode() for name in outputs["class_names"].numpy()] == ["positive", "negative", "positive"]
-
-
-@pytest.mark.slow
-def test_the_example_is_replica_invariant_in_float64(data_dir):
-    config = _shipped()
-    runs, probe = replica_invariance.measure(config, [1, 2, 4], steps=replica_invariance.default_steps())
-    passed, table = replica_invariance.report(runs, probe)
-    print(table)
-    assert passed, table
-    assert probe.kernel_l2 and probe.clip_global_norm  # The probe's regularizer and clip reached this model.
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
