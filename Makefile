@@ -29,4 +29,4 @@ preflight-tpu:  ## Check every TPU config on this CPU (set BUCKET=gs://... for t
 	  --gin_param="DATA_DIR='$(BUCKET)/tensorflow_datasets'" --model_dir=$(BUCKET)/runs/preflight || exit $$?; done
 
 train-two-workers:  ## The digits MLP on two local worker processes (MultiWorkerMirroredStrategy).
-	$(PYTHON) -m tpu_utils.launch_local --workers 2 -- --gin_file=configs/experiments/digits_mlp.gin --model_dir=runs/two_workers
+	$(PYTHON) scripts/launch_local.py --workers 2 -- --gin_file=configs/experiments/digits_mlp.gin --model_dir=runs/two_workers
