@@ -1,5 +1,6 @@
-"""`make help`'s shortcuts run what exists: every module (`-m NAME`) and script (`*.py`) that a target's recipe
-names, as `make -n` prints it, can be found (a moved launcher once left `make train-two-workers` broken)."""
+"""The shortcuts and documented commands run what exists: every module (`-m NAME`) and script (`*.py`) that a make
+target's recipe names (as `make -n` prints it), and every `python -m ...` / `python path.py` in the README and the
+guide, can be found (a moved launcher once left `make train-two-workers` broken)."""
 
 import importlib.util
 import os
@@ -35,3 +36,9 @@ def test_the_check_names_a_moved_module_and_script():
     """Negative control: the recipe the launcher's move broke is reported."""
     assert missing_in(".venv/bin/python -m tpu_utils.launch_local --workers 2 -- train.py scripts/gone.py") == [
         "tpu_utils.launch_local", "scripts/gone.py"]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/make_it_yours.md"])
+def test_every_python_command_in_the_docs_names_a_module_or_script_that_exists(page):
+    commands = " ".join(re.findall(r"python3? (?:-m [\w.]+|[\w/-]+\.py)", open(os.path.join(REPO_ROOT, page)).read()))
+    assert commands and not missing_in(commands), f"{page} runs {missing_in(commands)}, which do not exist"
