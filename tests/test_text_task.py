@@ -4,8 +4,9 @@ graph to fixed-length ids, a small Transformer, and every guarantee of the templ
 It trains offline through train.py to what its config header states and its SavedModel serves raw strings with
 class names; its eval metrics equal a NumPy computation over the whole test split at 1 and 3 replicas (a padded last
 batch); a run with dropout resumes bit for bit; `--preflight` passes at 8 replicas in bfloat16. Its float64
-replica-invariance check at 1, 2 and 4 replicas (dropout on) is a case of tests/test_replica_invariance.py. Negative controls: without the attention's padding mask the
-model's output depends on the padding, and a task that does not pad to a fixed length fails the preflight.
+replica-invariance check at 1, 2 and 4 replicas (dropout on) is a case of tests/test_replica_invariance.py.
+Negative controls: without the attention's padding mask the model's output depends on the padding, and a task that
+does not pad to a fixed length fails the preflight.
 """
 
 import dataclasses
