@@ -1,4 +1,6 @@
-"""`python train.py` with no arguments trains the offline digits experiment to >= 95% test accuracy."""
+"""`python train.py` with no arguments trains the offline digits experiment to what configs/default.gin states:
+98.9% test accuracy (4 of 360 wrong) measured here; asserted >= 98% (at most 7 wrong), a margin for other CPUs'
+rounding, far above what a broken step or pipeline reaches."""
 
 import json
 import os
@@ -10,7 +12,7 @@ from helpers import run_train_py
 
 
 @pytest.mark.slow
-def test_python_train_py_reaches_95_percent_on_digits(tmp_path, data_dir):
+def test_python_train_py_reaches_the_stated_accuracy_on_digits(tmp_path, data_dir):
     started = time.monotonic()
     result = run_train_py(cwd=str(tmp_path), timeout=900)  # No arguments at all; runs/default under the cwd.
     seconds = time.monotonic() - started
@@ -20,7 +22,7 @@ def test_python_train_py_reaches_95_percent_on_digits(tmp_path, data_dir):
     print(f"default experiment: eval accuracy {metrics['eval']['accuracy']:.4f} at step {metrics['step']} "
           f"in {seconds:.0f} s")
     assert metrics["step"] == 1000
-    assert metrics["eval"]["accuracy"] >= 0.95
+    assert metrics["eval"]["accuracy"] >= 0.98
     # Rerunning the same command resumes (here: finds the run complete) instead of starting over.
     again = run_train_py(cwd=str(tmp_path), timeout=300)
     assert again.returncode == 0 and "Resumed from" in again.stdout and "nothing to train" in again.stdout
