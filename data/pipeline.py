@@ -19,6 +19,7 @@ whole number of global batches, so every per-replica batch has the same static s
 pipeline (host) reads only its own contiguous 1/P of the split (TFDS split slicing reads only those files).
 """
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -30,7 +31,7 @@ import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
 from common.storage_errors import describe
-from data import shard_stream
+from data import downloads, shard_stream
 from data.registry import DatasetSpec, stage_name
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,12 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
                           f"{' '.join(instructions.split())} Then stage it once: {stage_command('DIR')}")
     log.info("Preparing TFDS dataset %r in %s (once).", builder.name, builder.data_dir)
     tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
+    offline = None
     try:
-        builder.download_and_prepare(download_config=download_config)
+        downloading = (contextlib.nullcontext() if instructions or _is_bundled(builder)
+                       else downloads.fail_fast_when_offline())
+        with downloading as offline:
+            builder.download_and_prepare(download_config=download_config)
     except AssertionError as error:  # How TFDS builders report missing or incomplete manual downloads.
         detail = " ".join(str(error).split())[:500].rstrip(".")
         manual_dir = download_config.manual_dir if download_config else None
@@ -82,26 +87,21 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
         raise ConfigError(f"Cannot prepare {builder.name!r} in {builder.data_dir_root}: {detail}. TFDS builders fail "
                           "this way when source files are missing or incomplete: if it reads manually downloaded "
                           f"files, put them in a folder DIR and stage it once: {stage_command('DIR')}") from error
-    except download_errors() as error:
-        detail = " ".join(str(error).split())[:300]
+    except downloads.download_errors() as error:
+        detail = offline or downloads.shorten(str(error), 300)  # A failed lookup says it all; TFDS's text repeats it.
         raise ConfigError(f"Downloading {builder.name!r} failed ({type(error).__name__}: {detail}): this machine "
-                          "cannot reach its source. Stage it where there is internet (python -m data.stage "
-                          f"--dataset={stage_name(builder.name)} --data_dir=DIR), copy DIR here or to gs://, and pass "
-                          "DATA_DIR=DIR.") from error
+                          f"cannot reach its source. {_stage_elsewhere(builder)}") from error
     return True
 
 
-def download_errors() -> tuple[type[BaseException], ...]:
-    """What a TFDS download raises when the source cannot be reached: requests' errors (HTTP), urllib's (FTP), a
-    failed name lookup or connection, and TFDS's DownloadError (an HTTP status other than 200). Most are OSErrors:
-    they must be told apart from a DATA_DIR that cannot be written (load_builder)."""
-    import socket
-    import urllib.error
+def _stage_elsewhere(builder: tfds.core.DatasetBuilder) -> str:
+    return (f"Stage it where there is internet (python -m data.stage --dataset={stage_name(builder.name)} "
+            "--data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR.")
 
-    import requests
 
-    return (requests.exceptions.RequestException, urllib.error.URLError, socket.gaierror, ConnectionError,
-            TimeoutError, tfds.download.DownloadError)
+def _is_bundled(builder: tfds.core.DatasetBuilder) -> bool:
+    """A builder of this repository (data/...): it builds offline, from files or generators it carries."""
+    return type(builder).__module__.split(".")[0] == __name__.split(".")[0]
 
 
 def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:

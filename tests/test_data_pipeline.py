@@ -9,7 +9,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
-from data import pipeline
+from data import downloads, pipeline
 from data.registry import get_dataset_spec
 
 GLOBAL_BATCH = 24
@@ -72,6 +72,7 @@ def test_an_unreachable_download_says_to_stage_it_elsewhere_not_to_change_data_d
     used to be reported as an unusable DATA_DIR."""
     from tensorflow_datasets.core.download import downloader
 
+    monkeypatch.setattr(downloads, "offline_reason", lambda: None)  # As on a machine whose name lookups work.
     with socket.socket() as refusing:
         refusing.bind(("127.0.0.1", 0))
         monkeypatch.setattr(tfds.builder_cls("mnist"), "URL", f"http://127.0.0.1:{refusing.getsockname()[1]}/")
@@ -83,6 +84,67 @@ def test_an_unreachable_download_says_to_stage_it_elsewhere_not_to_change_data_d
     assert ("this machine cannot reach its source. Stage it where there is internet (python -m data.stage "
             "--dataset=mnist --data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR.") in message, message
     assert "cannot be used" not in message
+
+
+def _offline(monkeypatch) -> list[str]:
+    """No name lookup works, as on an offline machine (simulated: the test does not depend on this machine's
+    network); returns the list the looked-up host names are appended to."""
+    lookups = []
+
+    def no_lookup(host, *args, **kwargs):
+        lookups.append(host)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
+    for name in downloads.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return lookups
+
+
+def test_offline_a_dataset_that_downloads_stops_at_once_instead_of_retrying_for_minutes(tmp_path, monkeypatch):
+    """DATASET='mnist' offline: a ConfigError naming the failed lookup and the stage command after one attempt per
+    file, where TFDS alone makes eleven with back-off (~3.5 minutes); TFDS's real download code runs."""
+    from tensorflow_datasets.core.download import downloader
+
+    lookups = _offline(monkeypatch)
+    with pytest.raises(ConfigError) as raised:
+        pipeline.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
+    message = str(raised.value)
+    assert message == (
+        "Downloading 'mnist' failed (ConnectionError: storage.googleapis.com cannot be looked up ([Errno -2] Name or "
+        "service not known)): this machine cannot reach its source. Stage it where there is internet (python -m "
+        "data.stage --dataset=mnist --data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR."), message
+    assert len(lookups) <= 5, lookups  # The probe, then one attempt for each of MNIST's 4 files at most.
+    assert downloader.MAX_RETRIES == 10  # TFDS's own setting is back.
+    assert pipeline.load_builder(get_dataset_spec("breast_cancer"), str(tmp_path / "bundled")).is_prepared()
+
+
+def test_negative_control_without_the_probe_tfds_retries_each_file_eleven_times(tmp_path, monkeypatch):
+    import urllib3
+
+    lookups = _offline(monkeypatch)
+    monkeypatch.setattr(downloads, "offline_reason", lambda: None)
+    monkeypatch.setattr(urllib3.util.retry.Retry, "sleep", lambda self, response=None: None)  # No back-off waits.
+    with pytest.raises(ConfigError, match="cannot reach its source"):
+        pipeline.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
+    assert len(lookups) >= 11, lookups
+
+
+def test_the_offline_probe_leaves_the_download_to_tfds_when_a_lookup_works_or_a_proxy_is_set(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: [])
+    assert downloads.offline_reason(environ={}) is None
+
+    def no_lookup(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
+    assert "cannot be looked up" in downloads.offline_reason(environ={})
+    assert downloads.offline_reason(environ={"HTTPS_PROXY": "http://proxy:3128"}) is None  # The proxy looks up.
+
+
+def test_long_download_errors_are_cut_at_a_word():
+    assert downloads.shorten("Name or service not known " * 20, 40) == "Name or service not known Name or ..."
+    assert downloads.shorten("short\n text", 40) == "short text"
 
 
 def test_a_builder_assertion_without_a_manual_dir_is_a_config_error_naming_the_stage_command(tmp_path, monkeypatch):
