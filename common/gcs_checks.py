@@ -10,6 +10,7 @@ A failure is a ConfigError (exit 2) that names the bucket and the fix, before an
 
 import logging
 import os
+import re
 import uuid
 
 from common.errors import ConfigError
@@ -17,6 +18,9 @@ from common.storage_wait import reporting
 
 log = logging.getLogger(__name__)
 
+# Cloud Storage bucket names: lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit.
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+_PLACEHOLDERS = {"YOUR_BUCKET", "BUCKET", "YOUR-BUCKET", "MY_BUCKET"}
 # Multi-region locations and the region-name prefixes they cover.
 _MULTI_REGIONS = {"US": "us-", "EU": "europe-", "ASIA": "asia-"}
 
@@ -42,12 +46,29 @@ def location_serves_region(location: str, region: str) -> bool | None:
     return None
 
 
+def check_bucket_name(name: str, path: str) -> None:
+    """A ConfigError naming `path` when its bucket is not a valid Cloud Storage bucket name (such as the configs'
+    placeholder gs://YOUR_BUCKET), before any credentials or network are needed."""
+    bucket = split_gs_path(path)[0]
+    if _BUCKET_NAME.fullmatch(bucket):
+        return
+    setting = (f"--gin_param=\"DATA_DIR='gs://my-bucket/{split_gs_path(path)[1]}'\"" if name == "DATA_DIR"
+               else f"--{name}=gs://my-bucket/{split_gs_path(path)[1]}")
+    placeholder = " (the configs' placeholder)" if bucket.upper() in _PLACEHOLDERS else ""
+    raise ConfigError(f"{name}={path!r}: {bucket!r}{placeholder} is not a Cloud Storage bucket name (3-63 lowercase "
+                      f"letters, digits, '-', '_' or '.'). Pass your own bucket, e.g. {setting}, in the TPU's region, "
+                      "with the data staged there (python -m data.stage ... --data_dir=gs://my-bucket/"
+                      "tensorflow_datasets).")
+
+
 def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) -> None:
     """Checks every gs:// value of `paths` ({'DATA_DIR': ..., 'model_dir': ...}); a ConfigError on the first problem."""
     gcs_paths = {name: path for name, path in paths.items() if isinstance(path, str) and path.startswith("gs://")}
     if not gcs_paths:
         return
-    client = client or default_client()
+    for name, path in gcs_paths.items():
+        check_bucket_name(name, path)
+    client = client or default_client(gcs_paths)
     account = getattr(getattr(client, "_credentials", None), "service_account_email", None)
     who = f"the account {account}" if account else "your Application Default Credentials"
     for name, path in gcs_paths.items():
@@ -92,8 +113,9 @@ def _check_bucket(client, name: str, path: str, who: str, tpu_zone: str | None) 
              f", location {bucket.location}" if bucket.location else "")
 
 
-def default_client():
-    """A google-cloud-storage client on Application Default Credentials (or the emulator's, in tests)."""
+def default_client(paths: dict | None = None):
+    """A google-cloud-storage client on Application Default Credentials (or the emulator's, in tests); `paths`
+    ({setting: gs:// path}) are named if there are no credentials."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
@@ -103,7 +125,8 @@ def default_client():
     try:
         credentials, project = google.auth.default()
     except DefaultCredentialsError as error:
-        raise ConfigError("gs:// paths need Google Cloud credentials and none were found: run `gcloud auth "
+        named = ", ".join(f"{name}={path!r}" for name, path in (paths or {}).items()) or "gs:// paths"
+        raise ConfigError(f"{named} need Google Cloud credentials and none were found: run `gcloud auth "
                           "application-default login` (on Colab: google.colab.auth.authenticate_user(); on a TPU VM "
-                          "its service account is used).") from error
+                          "its service account is used), or use local paths.") from error
     return storage.Client(credentials=credentials, project=project)

@@ -80,6 +80,40 @@ def test_a_bucket_in_another_region_than_the_tpu_is_refused(gcs, gcs_bucket):
         check_gcs_paths({"model_dir": f"gs://{gcs_bucket}/run"}, tpu_zone="europe-west4-a")
 
 
+def test_the_configs_placeholder_bucket_is_named_before_credentials_or_network_are_needed(monkeypatch):
+    """configs/tpu/tpu_base.gin's DATA_DIR='gs://YOUR_BUCKET/...' used to end in "need Google Cloud credentials",
+    which names neither the path nor the placeholder."""
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    with pytest.raises(ConfigError) as raised:
+        check_gcs_paths({"DATA_DIR": "gs://YOUR_BUCKET/tensorflow_datasets", "model_dir": "runs/x"},
+                        client=object())  # Never used: the name is refused first.
+    assert str(raised.value).startswith(
+        "DATA_DIR='gs://YOUR_BUCKET/tensorflow_datasets': 'YOUR_BUCKET' (the configs' placeholder) is not a Cloud "
+        "Storage bucket name"), raised.value
+    assert "--gin_param=\"DATA_DIR='gs://my-bucket/tensorflow_datasets'\"" in str(raised.value)
+    with pytest.raises(ConfigError, match=r"model_dir='gs://Runs_Here/x': 'Runs_Here' is not a .* e\.g\. "
+                                          r"--model_dir=gs://my-bucket/x"):
+        check_gcs_paths({"model_dir": "gs://Runs_Here/x"}, client=object())
+
+
+def test_without_credentials_the_error_names_the_gs_paths_that_need_them(monkeypatch):
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from common.gcs_checks import default_client
+
+    def no_credentials(*args, **kwargs):
+        raise DefaultCredentialsError("none")
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setattr(google.auth, "default", no_credentials)
+    with pytest.raises(ConfigError, match=r"^DATA_DIR='gs://my-data/tfds', model_dir='gs://my-runs/a' need Google "
+                                          r"Cloud credentials and none were found: run `gcloud auth"):
+        check_gcs_paths({"DATA_DIR": "gs://my-data/tfds", "model_dir": "gs://my-runs/a"})
+    with pytest.raises(ConfigError, match=r"^gs:// paths need Google Cloud credentials"):
+        default_client()
+
+
 def test_bucket_locations_and_tpu_regions():
     assert location_serves_region("US-CENTRAL1", "us-central1")
     assert location_serves_region("US", "us-east1") and not location_serves_region("EU", "us-east1")
