@@ -177,3 +177,33 @@ def test_a_worker_whose_peer_never_starts_gives_up_in_bounded_time(index, tmp_pa
     assert "Waiting for the 2 workers of TF_CONFIG to connect" in result.stdout
     assert "Timeout (0:00:05)!" in result.stderr and "collective_all_reduce_strategy.py" in result.stderr
     assert not os.listdir(tmp_path)  # Nothing written before the cluster was up.
+
+
+_HANGING_EXIT = """
+import atexit, sys, threading, time
+sys.path.insert(0, {root!r})
+import train
+train.TEARDOWN_SECONDS = 1
+atexit.register(lambda: time.sleep(3600))  # An exit handler that never returns.
+threading.Thread(target=time.sleep, args=(3600,)).start()  # A non-daemon thread the interpreter would wait for.
+train.exit_process(3)
+"""
+
+
+@pytest.mark.parametrize("tf_config, ends", [('{"cluster": {}}', True), ("", False)])
+def test_a_worker_ends_with_its_exit_code_even_if_teardown_hangs(tf_config, ends):
+    """With TF_CONFIG set, train.exit_process ends the process with its code although an exit handler and a
+    non-daemon thread never finish (what a worker hanging after its last checkpoint looked like). Negative control:
+    without TF_CONFIG (an ordinary sys.exit) the same process hangs."""
+    process = subprocess.Popen([sys.executable, "-c", _HANGING_EXIT.format(root=REPO_ROOT)], stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "TF_CONFIG": tf_config})
+    try:
+        _, stderr = process.communicate(timeout=8)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        assert not ends, "the worker hung in its teardown"
+        return
+    assert ends, "an ordinary exit did not wait for its non-daemon thread: this control shows nothing"
+    assert process.returncode == 3, stderr
+    assert "exit handlers still running after 1 s; exiting without them." in stderr

@@ -119,16 +119,19 @@ class Controller:
         if trainer.step >= config.train_steps:
             log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
                      config.train_steps)
-        with self.progress.active(trainer.step):
-            if trainer.step < config.train_steps:
-                self._train_loops()
-            with stop_signals.honoured():
-                final = self.evaluate()
-                self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
-                self._save(trainer.step)
-                self.export()
-                self._stop_if_requested(f"after the export of step {trainer.step}")
-        self.summaries.flush()
+        try:
+            with self.progress.active(trainer.step):
+                if trainer.step < config.train_steps:
+                    self._train_loops()
+                with stop_signals.honoured():
+                    final = self.evaluate()
+                    self._stop_if_requested(f"after the final evaluation at step {trainer.step}",
+                                            export_follows=True)
+                    self._save(trainer.step)
+                    self.export()
+                    self._stop_if_requested(f"after the export of step {trainer.step}")
+        finally:  # Also on a stop (exit 3) or a failure: the TensorBoard events written so far reach storage.
+            self.summaries.flush()
         self._check_replicas_agree()
         return final
 
