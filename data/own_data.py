@@ -18,9 +18,9 @@ VERSION = "1.0.0"
 
 
 def check_name(name: str) -> None:
-    """A new TFDS dataset name: snake_case, and neither a dataset TFDS already registers nor the TFDS name of one of
-    the template's bundled datasets (data/registry.py): either would be shadowed, or mix its builder's metadata with
-    the staged files."""
+    """A new TFDS dataset name: snake_case, and neither a dataset TFDS already registers nor the name or TFDS name
+    of one of the template's datasets (data/registry.py): either would be shadowed, mix its builder's metadata with
+    the staged files, or (pasted into DATASETS as data.stage suggests) replace the shipped entry."""
     import re
 
     import tensorflow_datasets as tfds
@@ -33,6 +33,9 @@ def check_name(name: str) -> None:
     bundled = next((key for key, spec in DATASETS.items() if spec.tfds_name == name), None)
     if bundled is not None:
         raise ConfigError(f"--name={name!r} is the TFDS name of the template's dataset DATASET={bundled!r} "
+                          f"(data/registry.py); choose another name (e.g. --name=my_{name}).")
+    if name in DATASETS:  # The printed DatasetSpec, pasted into DATASETS, would replace the shipped entry.
+        raise ConfigError(f"--name={name!r} is the name of the template's dataset DATASET={name!r} "
                           f"(data/registry.py); choose another name (e.g. --name=my_{name}).")
     if name in tfds.list_builders(with_community_datasets=False):
         raise ConfigError(f"--name={name!r} is a dataset TFDS already knows; choose another name (e.g. "

@@ -109,6 +109,8 @@ def _bad_inputs(root) -> dict:
                                    ["--name='synthetic_reviews'", "data/registry.py", "--name=my_synthetic_reviews"]),
         "bundled builder's name": (["--name=sklearn_digits", f"--from_npz={root}/wide.npz"],
                                    ["DATASET='digits'", "--name=my_sklearn_digits"]),
+        "registry entry's name": (["--name=digits", f"--from_npz={root}/wide.npz"],
+                                  ["the name of the template's dataset DATASET='digits'", "--name=my_digits"]),
     }
 
 
