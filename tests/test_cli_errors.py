@@ -85,8 +85,8 @@ def test_exit_code_2_through_the_real_command_line(tmp_path):
                               "task (MODEL='mlp', MODEL='cnn', MODEL='resnet')"),
     # Given a vocabulary size by hand, it gets as far as its own check of the input shape.
     (["MODEL='transformer'", "transformer.vocab_size=100"],
-     "MODEL='transformer' cannot be built for DATASET='digits' (inputs of shape (8, 8, 1), 10 outputs): transformer "
-     "takes token ids of shape (length,); got input_shape=(8, 8, 1). Use it with a text task"),
+     "MODEL='transformer' cannot be built for DATASET='digits' (inputs of shape (8, 8, 1), 10 outputs): ValueError: "
+     "transformer takes token ids of shape (length,); got input_shape=(8, 8, 1). Use it with a text task"),
 ])
 def test_a_model_that_does_not_fit_the_data_exits_2_naming_both(gin_params, expected, tmp_path, capsys, data_dir):
     args = ["train.py", f"--gin_file={DIGITS}", f"--model_dir={tmp_path}"] + [f"--gin_param={p}" for p in gin_params]
@@ -142,7 +142,9 @@ def test_a_task_that_does_not_fit_its_dataset_exits_2_before_training(dataset, g
      "experiment.loss='softmax_cross_entropy' is a classification loss; TabularRegression is a regression task"),
     # A model for images on feature vectors: Keras raised an IndexError (a traceback, exit 1).
     ("configs/experiments/breast_cancer_mlp.gin", ["MODEL='cnn'"],
-     "MODEL='cnn' cannot be built for DATASET='breast_cancer' (inputs of shape (30,), 2 outputs)"),
+     "MODEL='cnn' cannot be built for DATASET='breast_cancer' (inputs of shape (30,), 2 outputs): IndexError: tuple "
+     "index out of range. Fix its gin bindings (cnn.<argument>=...), or use a model built for this kind of input "
+     "(these build for it: MODEL='mlp')."),
 ])
 def test_a_loss_or_model_for_another_kind_of_task_exits_2(gin_file, params, expected, tmp_path, capsys, data_dir):
     args = ["train.py", f"--gin_file={gin_file}", f"--model_dir={tmp_path}"] + [f"--gin_param={p}" for p in params]

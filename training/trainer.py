@@ -152,11 +152,30 @@ def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None
                           "change your model builder's arguments.")
     try:
         return builder(task.input_shape, task.output_size, **options)
-    except (ValueError, TypeError, IndexError, KeyError) as error:  # e.g. cnn.filters=(0,); cnn on feature vectors.
-        message = " ".join(str(error).split("\n")[0].split())[:300]  # Without gin's "In call to configurable".
+    except _BUILD_ERRORS as error:  # e.g. cnn.filters=(0,); cnn on feature vectors.
+        message = " ".join(str(error).split("\n")[0].split())[:300].rstrip(".")  # Without gin's call context.
+        fitting = ", ".join(f"MODEL={name!r}" for name in _models_that_build(task, exclude=config.model))
         raise ConfigError(f"MODEL={config.model!r} cannot be built for DATASET={config.dataset!r} (inputs of shape "
-                          f"{task.input_shape}, {task.output_size} outputs): {message} Fix its gin bindings "
-                          f"({config.model}.<argument>=...), or use a model built for this kind of input.") from error
+                          f"{task.input_shape}, {task.output_size} outputs): {type(error).__name__}: {message}. Fix "
+                          f"its gin bindings ({config.model}.<argument>=...), or use a model built for this kind of "
+                          f"input{f' (these build for it: {fitting})' if fitting else ''}.") from error
+
+
+_BUILD_ERRORS = (ValueError, TypeError, IndexError, KeyError)
+
+
+def _models_that_build(task, *, exclude: str) -> list[str]:
+    """The other registered models that build for `task` as configured (tried one by one: only on the error path)."""
+    fitting = []
+    for name, builder in MODELS.items():
+        if name == exclude or _mismatch(name, builder, task.model_options()) != ([], []):
+            continue
+        try:
+            builder(task.input_shape, task.output_size, **task.model_options())
+        except _BUILD_ERRORS:
+            continue
+        fitting.append(name)
+    return fitting
 
 
 def _mismatch(name: str, builder, options: dict) -> tuple[list[str], list[str]]:
