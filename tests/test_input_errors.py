@@ -95,6 +95,8 @@ def test_bad_input_is_exit_2_with_one_line(case, tmp_path, data_dir, request):
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-3000:]
     assert len(errors) == 1 and expected in errors[0], result.stderr[-3000:]
     assert "Traceback" not in result.stderr and not re.search(r"step +\d+/\d+ \|", result.stdout)  # No step ran.
+    # Nothing after the error line buries it (TensorFlow warned about an abandoned restore's "unrestored values").
+    assert "unrestored values" not in result.stdout + result.stderr, result.stdout[-2000:]
     if resumes:  # Nothing of the run was changed (the export case's blocked export/ is a file we made).
         assert sorted(os.listdir(run)) == sorted(before + ["export"] if "export" in case else before)
         assert not os.path.exists(os.path.join(run, "export", "10"))

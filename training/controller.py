@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 REPLICA_TOLERANCE = 1e-5  # Replicas' copies of a weight agree far closer than this (float32 rounding is ~1e-7).
 
 
+def _drop_partial_restore_warnings(record) -> bool:
+    """A logging filter: False for TensorFlow's warnings about a checkpoint whose restore was abandoned."""
+    message = record.getMessage()
+    return not ("deleted with unrestored values" in message or "could not be found in the restored object" in message)
+
+
 class Controller:
     """Runs a Trainer to TRAIN_STEPS with the bookkeeping of the run directory."""
 
@@ -92,6 +98,9 @@ class Controller:
             try:
                 self.trainer.restore(latest)
             except (ValueError, AssertionError, tf.errors.OpError) as error:  # Shapes or dtypes do not fit.
+                # The half-done restore would warn about "unrestored values" when it is garbage-collected, after
+                # (and burying) the one line that says what to do.
+                tf.get_logger().addFilter(_drop_partial_restore_warnings)
                 raise run_identity.restore_mismatch_error(previous, self.identity, checkpoint=latest, error=error,
                                                           model_dir=self.run_dir.model_dir) from error
             self._saved_step = self.trainer.step
