@@ -90,6 +90,14 @@ def read_npz(path: str, keys: str | None) -> dict:
     return splits
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_csv(paths: dict[str, str], label: str) -> dict:
     """Per split, a CSV file with a header row: the `label` column and numeric feature columns."""
     import tensorflow as tf
@@ -115,11 +123,18 @@ def read_csv(paths: dict[str, str], label: str) -> dict:
             if len(row) != len(header):
                 raise ConfigError(f"{path}, line {number}: {len(row)} fields, the header has {len(header)}. Fix or "
                                   "remove that line (a value with a comma needs quotes).")
+            cells = [(name, cell) for position, (name, cell) in enumerate(zip(header, row, strict=True))
+                     if position != index]
+            empty = [name for name, cell in cells if not cell.strip()]
+            if empty or not row[index].strip():
+                raise ConfigError(f"{path}, line {number}: no value in column(s) {empty or [label]}. Fill the missing "
+                                  "values in or drop those rows (every example needs every column).")
             try:
-                values.append([float(cell) for position, cell in enumerate(row) if position != index])
-            except ValueError as error:
-                raise ConfigError(f"{path}, line {number}: {error}. Feature columns must be numbers: drop or "
-                                  "encode that column.") from None
+                values.append([float(cell) for _, cell in cells])
+            except ValueError:
+                name, cell = next((name, cell) for name, cell in cells if not _is_number(cell))
+                raise ConfigError(f"{path}, line {number}: column {name!r} holds {cell!r}, not a number. Feature "
+                                  "columns must be numbers: drop or encode that column (or fix the value).") from None
             labels.append(row[index])
         splits[split] = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
         check_finite(splits[split][0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)

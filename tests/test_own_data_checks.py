@@ -40,6 +40,10 @@ def _bad_inputs(root) -> dict:
         handle.write("a,b,label\n1,2,0\n3,nan,1\n")
     with open(f"{root}/inf.csv", "w") as handle:
         handle.write("a,b,label\n1,2,0.5\n3,4,0.25\n5,6,inf\n")
+    with open(f"{root}/empty_cell.csv", "w") as handle:
+        handle.write("a,b,label\n1,2,0\n3,,1\n")
+    with open(f"{root}/text_cell.csv", "w") as handle:
+        handle.write("a,colour,label\n1,red,0\n")
     inputs, targets, holes = np.ones((4, 3)), np.ones(4), np.ones((4, 3))
     holes[2, 1] = holes[3, 0] = np.nan
     np.savez(f"{root}/nan.npz", x_train=inputs, y_train=targets, x_test=holes, y_test=targets)
@@ -84,6 +88,12 @@ def _bad_inputs(root) -> dict:
         "NaN in a CSV feature": ([f"--from_csv=train={root}/nan.csv,test={root}/train.csv"],
                                  ["nan.csv", "split 'train'", "column 'b'", "row index 1 (line 3) is nan",
                                   "Drop those rows"]),
+        "empty CSV cell": ([f"--from_csv=train={root}/empty_cell.csv,test={root}/train.csv"],
+                           ["empty_cell.csv, line 3: no value in column(s) ['b']",
+                            "Fill the missing values in or drop"]),
+        "text in a CSV feature": ([f"--from_csv=train={root}/text_cell.csv,test={root}/train.csv"],
+                                  ["text_cell.csv, line 2: column 'colour' holds 'red', not a number",
+                                   "drop or encode that column"]),
         "inf in a CSV target": ([f"--from_csv=train={root}/train.csv,test={root}/inf.csv"],
                                 ["inf.csv", "split 'test'", "column 'label'", "row index 2 (line 4) is inf"]),
         "NaN in npz inputs": ([f"--from_npz={root}/nan.npz"],
