@@ -195,12 +195,14 @@ def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
             raise ConfigError(f"--from_tfrecord: {split}={pattern!r} matches no file. Check the folder and the file "
                               "names (quote the glob so the shell does not expand it), e.g. "
                               "--from_tfrecord='train=data/train-*.tfrecord,test=data/test-*.tfrecord'.")
+        _check_first_record(files, features, f"--from_tfrecord: {split}={pattern!r}")
         try:
             inputs, labels = zip(*tf.data.TFRecordDataset(files).map(parse).as_numpy_iterator(), strict=True)
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
+            detail = " ".join(error.message.split("}}")[-1].split())  # Without TF's "{{function_node ...}}".
             raise ConfigError(f"--from_tfrecord: {split}={pattern!r} does not match --features={spec!r} "
-                              f"({error.message.splitlines()[0][:300]}). Give each feature's dtype and shape as "
-                              "stored.") from None
+                              f"({detail[:300].rsplit(' ', 1)[0] if len(detail) > 300 else detail}). Give each "
+                              "feature's dtype and shape as stored.") from None
         except ValueError:  # zip of nothing: empty files.
             raise ConfigError(f"--from_tfrecord: {split}={pattern!r} holds no records (the files {files[:3]} are "
                               "empty). Check that the glob names the files the data were written to, and that the "
@@ -209,6 +211,44 @@ def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
         for name, values in zip((input_name, label), splits[split], strict=True):
             check_finite(values, f"--from_tfrecord: {split}={pattern!r}", split, f"feature {name!r}")
     return splits
+
+
+_STORED_AS = {"float_list": "float32", "int64_list": "int64", "bytes_list": "bytes (image)"}
+
+
+def _check_first_record(files: list[str], features: dict, where: str) -> None:
+    """Compares the first record's features with --features (names, kinds, value counts); a ConfigError that names
+    the feature, what is stored and the --features that would read it, before TensorFlow's parser fails on them."""
+    import tensorflow as tf
+
+    first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
+    if first is None:
+        return  # No records: reported with the files' names by the caller.
+    try:
+        stored = tf.train.Example.FromString(first.numpy()).features.feature
+    except Exception as error:  # noqa: BLE001 - protobuf's DecodeError, which it does not export stably.
+        raise ConfigError(f"{where}: the records are not tf.train.Example protos ({error}). Write them with "
+                          "tf.train.Example(...).SerializeToString().") from None
+    as_stored = {}
+    for name, feature in stored.items():
+        kind = feature.WhichOneof("kind")
+        count = len(getattr(feature, kind).value) if kind else 0
+        as_stored[name] = ("image" if kind == "bytes_list" else f"{_STORED_AS.get(kind, 'float32')}"
+                           f"{'' if kind == 'int64_list' and count == 1 else f'[{count}]'}")
+    wanted = ",".join(f"{name}:{as_stored[name]}" for name in features if name in as_stored)
+    for name, (dtype, shape) in features.items():
+        if name not in stored:
+            raise ConfigError(f"{where}: the records have no feature {name!r} (they have {sorted(stored)}); name "
+                              "the stored features in --features.")
+        kind = stored[name].WhichOneof("kind")
+        count = len(getattr(stored[name], kind).value) if kind else 0
+        expected_kind = {"float32": "float_list", "int64": "int64_list", "image": "bytes_list"}[dtype]
+        expected_count = 1 if dtype == "image" else int(np.prod(shape, dtype=np.int64))
+        if kind != expected_kind or count != expected_count:
+            said = dtype + (f"[{','.join(map(str, shape))}]" if shape else "")
+            raise ConfigError(f"{where}: feature {name!r} is stored as {_STORED_AS.get(kind, kind)} with {count} "
+                              f"value(s) per record; --features says {said}. Give each feature's dtype and shape as "
+                              f"stored, e.g. --features='{wanted}'.")
 
 
 def _stack(rows, what: str) -> np.ndarray:

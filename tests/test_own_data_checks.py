@@ -100,6 +100,16 @@ def _bad_inputs(root) -> dict:
                               ["nan.npz", "split 'test'", "array 'x_test'", "row index 2, position 1 is nan"]),
         "inf in npz targets": ([f"--from_npz={root}/inf.npz"],
                                ["split 'train'", "array 'y_train'", "row index 2 is -inf"]),
+        "TFRecord feature of another length": ([f"--from_tfrecord=train={root}/nan-*.tfrecord,test={root}/nan-*"
+                                                ".tfrecord", "--features=x:float32[7],label:int64"],
+                                               ["feature 'x' is stored as float32 with 2 value(s) per record; "
+                                                "--features says float32[7]", "--features='x:float32[2],label:int64'"]),
+        "TFRecord feature of another dtype": ([f"--from_tfrecord=train={root}/nan-*.tfrecord,test={root}/nan-*"
+                                               ".tfrecord", "--features=x:int64[2],label:int64"],
+                                              ["feature 'x' is stored as float32 with 2 value(s)", "says int64[2]"]),
+        "TFRecord feature that is not stored": ([f"--from_tfrecord=train={root}/nan-*.tfrecord,test={root}/nan-*"
+                                                 ".tfrecord", "--features=pixels:image,label:int64", "--label=label"],
+                                                ["the records have no feature 'pixels' (they have ['label', 'x'])"]),
         "NaN in a TFRecord": ([f"--from_tfrecord=train={root}/nan-*.tfrecord,test={root}/nan-*.tfrecord",
                                "--features=x:float32[2],label:int64"],
                               ["split 'train'", "feature 'x'", "row index 1, position 1 is nan"]),
