@@ -24,6 +24,7 @@ A gs:// bucket is checked first (exists, writable: exit 2 otherwise). Then pass 
 
 import argparse
 import logging
+import os
 import sys
 
 SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
@@ -106,6 +107,7 @@ _NOTES = {"built": "", "there": " (nothing to do)", "same": " (nothing to do; --
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Before TensorFlow loads: no C++ INFO lines (as train.py).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     from common.errors import ConfigError
 

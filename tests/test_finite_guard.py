@@ -47,6 +47,15 @@ def test_a_huge_learning_rate_leaves_no_non_finite_checkpoint_and_a_sane_rerun_r
     assert _finite_checkpoint_steps(checkpoints) == [10, 11, 12]
 
 
+def test_non_finite_before_any_checkpoint_says_the_rerun_starts_over(tmp_path, data_dir):
+    result = run_train_py(*ARGS, "--gin_param=STEPS_PER_LOOP=1", "--gin_param=TRAIN_STEPS=5",
+                          "--gin_param=LEARNING_RATE=1e39", f"--model_dir={tmp_path / 'run'}")
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "No checkpoint was written yet. Lower LEARNING_RATE or set experiment.clip_global_norm, then rerun: it " \
+           "starts from step 0." in result.stderr, result.stderr[-2000:]
+    assert "newest finite checkpoint" not in result.stderr
+
+
 @pytest.mark.parametrize("learning_rate, warned", [(5.0, True), (0.05, False)])
 def test_a_finite_but_exploding_loss_gets_a_divergence_warning(learning_rate, warned, tmp_path, data_dir):
     result = run_train_py(*ARGS, "--gin_param=STEPS_PER_LOOP=5", "--gin_param=CHECKPOINT_EVERY=0",

@@ -255,9 +255,12 @@ class Controller:
             what = f"Loss became {metrics['loss']}" if not math.isfinite(metrics["loss"]) else \
                 f"Weights or optimizer state became non-finite ({', '.join(non_finite_names(self._state_variables()))})"
             newest, _ = self.store.newest_intact()  # Intact means finite, too.
+            resume = (f"The newest finite checkpoint is {newest}. Lower LEARNING_RATE or set "
+                      "experiment.clip_global_norm, then rerun to resume from it." if newest else
+                      "No checkpoint was written yet. Lower LEARNING_RATE or set experiment.clip_global_norm, then "
+                      "rerun: it starts from step 0.")
             raise NonFiniteLossError(f"{what} between steps {step - num_steps} and {step}; nothing was saved since. "
-                                     f"The newest finite checkpoint is {newest or 'none (no checkpoint yet)'}. Lower "
-                                     "LEARNING_RATE or set experiment.clip_global_norm, then rerun to resume from it.")
+                                     f"{resume}")
         self._divergence.observe(step, metrics["loss"])
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
         rates = self.progress.loop_done(step, num_steps, seconds, metrics, learning_rate)
