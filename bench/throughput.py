@@ -7,7 +7,9 @@ For each model and global batch it measures examples/s of:
   template SPL=N   the template's Trainer.train (input + on-device loop) at STEPS_PER_LOOP 1, 10, 100, with the
                    train split on the devices where the Trainer keeps it there (data/device_split.py: digits does);
   template SPL=100, tf.data   the same from the tf.data pipeline instead (only where the split is on the devices);
-  pipeline         the template's tf.data input pipeline alone (distributed iterator drained);
+  pipeline         the template's tf.data input pipeline alone (distributed iterator drained from Python, one
+                   `next` per step: what the TF guide loop sees);
+  pipeline, compiled drain   the same iterator drained inside a compiled loop, as the template's loop consumes it;
   on-device batches  the batches drawn on the devices alone, in a compiled loop (where the split is there);
   fixed batch      the template's on-device loop fed one batch over and over (the compute bound);
   keras fit        Keras 3 `fit(steps_per_execution=100)` on the same model, optimizer and batch, from in-memory
@@ -77,8 +79,8 @@ class Case:
         fixed = tf.data.Dataset.from_tensors(first).repeat()
         self.fixed_iterator = iter(strategy.experimental_distribute_dataset(fixed.unbatch().batch(batch)))
         self.pipeline_iterator = iter(strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
-        if self.trainer.train_data_on_device:
-            self._draw_on_device = self._make_device_draw(tf)
+        self._draw = self._make_draw(tf)
+        self.drained_iterator = iter(strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
         # Keras fit: the same builder, optimizer and batch; in-memory preprocessed arrays of the same examples.
         features, labels, _ = (tensor.numpy() for tensor in first)
         count = 100 * batch  # One epoch = one execution of steps_per_execution=100 steps.
@@ -135,19 +137,23 @@ class Case:
 
         return guide_step
 
-    def _make_device_draw(self, tf):
-        """A compiled loop that only draws the on-device batches (data/device_split.py) of STEPS steps."""
-        split, strategy = self.iterator, self.trainer.strategy
+    def _make_draw(self, tf):
+        """A compiled loop that only draws STEPS steps of batches from a source (the on-device split, or a distributed
+        iterator of the tf.data pipeline), the way the training loop consumes them (tpu_utils/loop.py)."""
+        from tpu_utils import loop
+
+        strategy = self.trainer.strategy
+
+        def first_values(batch):  # One number per replica batch, so the draw is not pruned away.
+            features = batch[0]
+            return tf.reduce_sum(tf.cast(features[..., :1], tf.float32))
 
         @tf.function
-        def draw(first_step):
+        def draw(source, first_step):
             total = tf.constant(0.0)
             for index in tf.range(STEPS):
-                features, _, _ = strategy.run(split.replica_batch, args=(first_step + tf.cast(index, tf.int64),))
-                # One number per replica batch, so the draw is not pruned away.
-                first_values = strategy.run(lambda batch: tf.reduce_sum(tf.cast(batch[..., :1], tf.float32)),
-                                            args=(features,))
-                total += strategy.reduce("SUM", first_values, axis=None)
+                values = loop.run_on_next_batch(strategy, first_values, source, first_step + tf.cast(index, tf.int64))
+                total += strategy.reduce("SUM", values, axis=None)
             return total
 
         return draw
@@ -158,11 +164,11 @@ class Case:
             self.trainer.train(iterator or self.iterator, steps_per_loop)
         return STEPS * self.batch / (time.perf_counter() - started)
 
-    def device_draw(self) -> float:
+    def draw(self, source) -> float:
         import tensorflow as tf
 
         started = time.perf_counter()
-        self._draw_on_device(tf.constant(self.trainer.step, tf.int64)).numpy()
+        self._draw(source, tf.constant(self.trainer.step, tf.int64)).numpy()
         return STEPS * self.batch / (time.perf_counter() - started)
 
     def pipeline(self) -> float:
@@ -232,11 +238,12 @@ class Case:
     def columns(self) -> dict:
         columns = {"template SPL=1": lambda: self.template(1), "template SPL=10": lambda: self.template(10),
                    "template SPL=100": lambda: self.template(100), "pipeline": self.pipeline,
+                   "pipeline, compiled drain": lambda: self.draw(self.drained_iterator),
                    "fixed batch": self.fixed_batch, "keras fit (in memory)": self.keras_fit_in_memory,
                    "keras fit (pipeline)": self.keras_fit_pipeline, "guide loop": self.guide_loop}
         if self.trainer.train_data_on_device:  # The default here; against the tf.data pipeline it replaces.
             columns["template SPL=100, tf.data"] = lambda: self.template(100, self.data_iterator)
-            columns["on-device batches"] = self.device_draw
+            columns["on-device batches"] = lambda: self.draw(self.iterator)
         if self.replicas == 1:
             columns["fixed batch, XLA"] = self.fixed_batch_xla
             columns["keras fit (in memory), XLA"] = lambda: self.keras_fit_in_memory(self.keras_xla_model)

@@ -19,7 +19,8 @@ def test_the_throughput_benchmark_runs_and_reports_every_column(tmp_path):
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     case = json.load(open(output))["cases"]["mlp B=64"]
-    assert set(case) == {"template SPL=1", "template SPL=10", "template SPL=100", "pipeline", "fixed batch",
+    assert set(case) == {"template SPL=1", "template SPL=10", "template SPL=100", "pipeline",
+                         "pipeline, compiled drain", "fixed batch",
                          "keras fit (in memory)", "keras fit (pipeline)", "guide loop", "fixed batch, XLA",
                          "keras fit (in memory), XLA", "eval seconds", "checkpoint seconds",
                          "template SPL=100, tf.data", "on-device batches"}
