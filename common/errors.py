@@ -16,6 +16,15 @@ def user_message(error: BaseException) -> str:
     return str(error).split("\n  In call to configurable")[0]
 
 
+def shorten(text: str, limit: int) -> str:
+    """`text` on one line, cut at a word boundary to at most `limit` characters (with ' ...' when cut): for quoting
+    a library's long error text inside one of ours."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 class ConfigError(ValueError):
     """Bad input or configuration, detected before any training step (exit code 2).
 

@@ -49,11 +49,11 @@ def location_serves_region(location: str, region: str) -> bool | None:
 def check_bucket_name(name: str, path: str) -> None:
     """A ConfigError naming `path` when its bucket is not a valid Cloud Storage bucket name (such as the configs'
     placeholder gs://YOUR_BUCKET), before any credentials or network are needed."""
-    bucket = split_gs_path(path)[0]
+    bucket, prefix = split_gs_path(path)
     if _BUCKET_NAME.fullmatch(bucket):
         return
-    setting = (f"--gin_param=\"DATA_DIR='gs://my-bucket/{split_gs_path(path)[1]}'\"" if name == "DATA_DIR"
-               else f"--{name}=gs://my-bucket/{split_gs_path(path)[1]}")
+    setting = (f"--gin_param=\"DATA_DIR='gs://my-bucket/{prefix}'\"" if name == "DATA_DIR"
+               else f"--{name}=gs://my-bucket/{prefix}")
     placeholder = " (the configs' placeholder)" if bucket.upper() in _PLACEHOLDERS else ""
     raise ConfigError(f"{name}={path!r}: {bucket!r}{placeholder} is not a Cloud Storage bucket name (3-63 lowercase "
                       f"letters, digits, '-', '_' or '.'). Pass your own bucket, e.g. {setting}, in the TPU's region, "

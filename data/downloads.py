@@ -67,10 +67,3 @@ def fail_fast_when_offline():
     finally:
         downloader.MAX_RETRIES = saved
 
-
-def shorten(text: str, limit: int) -> str:
-    """`text` on one line, cut at a word boundary to at most `limit` characters (with ' ...' when cut)."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0] + " ..."

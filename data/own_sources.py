@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from common.errors import ConfigError
+from common.errors import ConfigError, shorten
 
 SPEC_DTYPES = ("float32", "int64", "image")  # --features dtypes; 'image' = encoded PNG/JPEG bytes.
 _SPEC_ITEM = re.compile(r"\s*([\w/.-]+):(\w+)(?:\[([\d,\s]*)\])?\s*(?:,|$)")
@@ -199,10 +199,9 @@ def read_tfrecords(patterns: dict[str, str], spec: str, label: str) -> dict:
         try:
             inputs, labels = zip(*tf.data.TFRecordDataset(files).map(parse).as_numpy_iterator(), strict=True)
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as error:
-            detail = " ".join(error.message.split("}}")[-1].split())  # Without TF's "{{function_node ...}}".
+            detail = shorten(error.message.split("}}")[-1], 300)  # Without TF's "{{function_node ...}}".
             raise ConfigError(f"--from_tfrecord: {split}={pattern!r} does not match --features={spec!r} "
-                              f"({detail[:300].rsplit(' ', 1)[0] if len(detail) > 300 else detail}). Give each "
-                              "feature's dtype and shape as stored.") from None
+                              f"({detail}). Give each feature's dtype and shape as stored.") from None
         except ValueError:  # zip of nothing: empty files.
             raise ConfigError(f"--from_tfrecord: {split}={pattern!r} holds no records (the files {files[:3]} are "
                               "empty). Check that the glob names the files the data were written to, and that the "
@@ -229,19 +228,19 @@ def _check_first_record(files: list[str], features: dict, where: str) -> None:
     except Exception as error:  # noqa: BLE001 - protobuf's DecodeError, which it does not export stably.
         raise ConfigError(f"{where}: the records are not tf.train.Example protos ({error}). Write them with "
                           "tf.train.Example(...).SerializeToString().") from None
-    as_stored = {}
+    kinds = {}  # name -> (the feature's kind, its number of values)
     for name, feature in stored.items():
         kind = feature.WhichOneof("kind")
-        count = len(getattr(feature, kind).value) if kind else 0
-        as_stored[name] = ("image" if kind == "bytes_list" else f"{_STORED_AS.get(kind, 'float32')}"
-                           f"{'' if kind == 'int64_list' and count == 1 else f'[{count}]'}")
+        kinds[name] = (kind, len(getattr(feature, kind).value) if kind else 0)
+    as_stored = {name: "image" if kind == "bytes_list" else
+                 f"{_STORED_AS.get(kind, 'float32')}{'' if kind == 'int64_list' and count == 1 else f'[{count}]'}"
+                 for name, (kind, count) in kinds.items()}
     wanted = ",".join(f"{name}:{as_stored[name]}" for name in features if name in as_stored)
     for name, (dtype, shape) in features.items():
         if name not in stored:
             raise ConfigError(f"{where}: the records have no feature {name!r} (they have {sorted(stored)}); name "
                               "the stored features in --features.")
-        kind = stored[name].WhichOneof("kind")
-        count = len(getattr(stored[name], kind).value) if kind else 0
+        kind, count = kinds[name]
         expected_kind = {"float32": "float_list", "int64": "int64_list", "image": "bytes_list"}[dtype]
         expected_count = 1 if dtype == "image" else int(np.prod(shape, dtype=np.int64))
         if kind != expected_kind or count != expected_count:

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from common.errors import ConfigError
+from common.errors import ConfigError, shorten
 from common.storage_errors import describe
 from data import downloads, shard_stream
 from data.registry import DatasetSpec, stage_name
@@ -88,7 +88,7 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
                           "this way when source files are missing or incomplete: if it reads manually downloaded "
                           f"files, put them in a folder DIR and stage it once: {stage_command('DIR')}") from error
     except downloads.download_errors() as error:
-        detail = offline or downloads.shorten(str(error), 300)  # A failed lookup says it all; TFDS's text repeats it.
+        detail = offline or shorten(str(error), 300)  # A failed lookup says it all; TFDS's text repeats it.
         raise ConfigError(f"Downloading {builder.name!r} failed ({type(error).__name__}: {detail}): this machine "
                           f"cannot reach its source. {_stage_elsewhere(builder)}") from error
     return True

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from common import errors
 from common.errors import ConfigError
 from data import downloads, pipeline
 from data.registry import get_dataset_spec
@@ -142,9 +143,9 @@ def test_the_offline_probe_leaves_the_download_to_tfds_when_a_lookup_works_or_a_
     assert downloads.offline_reason(environ={"HTTPS_PROXY": "http://proxy:3128"}) is None  # The proxy looks up.
 
 
-def test_long_download_errors_are_cut_at_a_word():
-    assert downloads.shorten("Name or service not known " * 20, 40) == "Name or service not known Name or ..."
-    assert downloads.shorten("short\n text", 40) == "short text"
+def test_long_library_errors_are_cut_at_a_word():
+    assert errors.shorten("Name or service not known " * 20, 40) == "Name or service not known Name or ..."
+    assert errors.shorten("short\n text", 40) == "short text"
 
 
 def test_a_builder_assertion_without_a_manual_dir_is_a_config_error_naming_the_stage_command(tmp_path, monkeypatch):
