@@ -43,7 +43,7 @@ def experiment_name(gin_files: list[str]) -> str:
 
 def main(argv: list[str]) -> int:
     """Runs the command line `argv`; returns the exit code (README.md, "Exit codes")."""
-    from training import stop_signals  # Standard library only: SIGTERM/SIGINT are honoured from here on.
+    from training import stop_signals  # Standard library only: SIGTERM/SIGINT/SIGHUP are honoured from here on.
 
     with stop_signals.honoured():
         return _main(argv)

@@ -41,7 +41,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 class TrainingInterrupted(RuntimeError):
-    """SIGTERM or SIGINT arrived; a checkpoint at the last completed loop was saved (exit code 3)."""
+    """SIGTERM, SIGINT or SIGHUP arrived; a checkpoint at the last completed loop was saved (exit code 3)."""
 
     exit_code = EXIT_INTERRUPTED
 

@@ -9,9 +9,15 @@ Steps (each a `gcloud compute tpus ...` command):
  1. create the TPU VM (`--version` is the TPU software version: no TF 2.20 image name is documented, so it is a
     parameter), or with `--queued` a queued resource, waiting with progress lines until it is ACTIVE. Capacity
     errors (RESOURCE_EXHAUSTED, "no more capacity", quota) are retried with back-off, `--capacity_retries` times;
- 2. copy this working tree to every worker and install requirements-tpu.txt in a Python 3.11 virtualenv there;
+ 2. copy the files git tracks (as they are here, uncommitted changes included) and those `--include=PATH` names to
+    every worker, never an untracked file (`.env`, keys, other virtualenvs, datasets); the count, the size and the
+    untracked files left behind are printed first, and a folder that is not a git checkout is refused (exit 2)
+    (tpu_utils/tpu/source_archive.py). Then install requirements-tpu.txt in a Python 3.11 virtualenv there;
  3. start `train.py ARGS` detached on worker 0 (`setsid nohup`, log and pid in ~/tpu-template/job/) and poll its
     log over SSH. A dropped SSH connection is retried: the job keeps running and the log resumes where it stopped.
+    The job's script is printed, then sent base64-encoded with every argument quoted inside it, so no argument
+    (newlines, quotes, `$(...)`, non-UTF-8 bytes) is shell text on the VM; --name, --zone, --project, --version and
+    --tpu_server_image are checked against what Google Cloud accepts before anything runs (exit 2).
     PJRT (v5e, v5p, v6e) or the classic runtime is decided from the accelerator type by the same start-up code as
     train.py's (tpu_utils/tpu/startup.py). Pod slices are driven by TensorFlow's single client on worker 0
     (`TPU=<name>`, `TPU_LOAD_LIBRARY=0`); their TPU runtime must be a `-pod` runtime of the same TensorFlow as
@@ -41,9 +47,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED  # noqa: E402
 from tpu_utils.tpu.facts import RuntimeFacts  # noqa: E402
-from tpu_utils.tpu.gcloud import Gcloud, LauncherError  # noqa: E402
+from tpu_utils.tpu.gcloud import Gcloud, LauncherError, flag_problem  # noqa: E402
 from tpu_utils.tpu.generations import parse_accelerator_type  # noqa: E402
-from tpu_utils.tpu.remote_job import parse_poll, poll_command, start_command, started_pid, stop_command  # noqa: E402
+from tpu_utils.tpu.remote_job import (  # noqa: E402
+    job_script,
+    parse_poll,
+    poll_command,
+    start_command,
+    started_pid,
+    stop_command,
+)
+from tpu_utils.tpu.source_archive import select, write_archive  # noqa: E402
 from tpu_utils.tpu.startup import PJRT_ENV, decide  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +71,6 @@ ALIGN_TPU_SERVER = ("sudo sed -i 's|TF_DOCKER_URL=[^\" ]*|TF_DOCKER_URL={image}|
 TPU_RUNTIME_UNIT = "/etc/systemd/system/tpu-runtime.service"
 RETRYABLE_EXIT_CODES = (EXIT_INTERRUPTED, 143, -15)  # train.py's SIGTERM exit; killed by SIGTERM (shell, Python).
 GONE_STATES = ("PREEMPTED", "TERMINATED", "NOT_FOUND")
-_IMAGE = re.compile(r"[\w./:@-]+")
 _TF_RUNTIME = re.compile(r"tpu-vm-tf-(\d+\.\d+)[.\w]*?(-pod)?(?:-pjrt|-se)?")
 
 
@@ -106,6 +119,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--ssh_retries", type=int, default=20, help="consecutive failed SSH polls before giving up (TPU kept)")
     add("--stop_timeout", type=float, default=600, help="seconds to wait for the job to stop after Ctrl-C")
     add("--tpu_server_image", default=None, help="pods: TPU server image to run on every host (aligns its TF)")
+    add("--include", action="append", default=[], metavar="PATH",
+        help="also send this untracked file or folder (repeatable); by default only the files git tracks are sent")
     add("--keep", action="store_true", help="do not delete the TPU at the end")
     add("--skip_create", action="store_true", help="the TPU exists already (still deleted at the end)")
     add("--dry_run", action="store_true", help="print the gcloud commands, run nothing")
@@ -115,13 +130,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def install(gcloud: Gcloud, args, pod: bool) -> None:
+def install(gcloud: Gcloud, args, pod: bool, files) -> None:
+    """Copies `files` (tpu_utils/tpu/source_archive.py: what git tracks, plus --include) to every worker and installs
+    the requirements there."""
     # A fresh archive per launch: two launches at once (or another user's) must not share or overwrite one file.
     handle, archive = tempfile.mkstemp(prefix=f"{REMOTE_DIR}-", suffix=".tgz")
     os.close(handle)
     try:
-        gcloud.run("tar", "czf", archive, "--exclude=.venv", "--exclude=.git", "--exclude=runs",
-                   "--exclude=__pycache__", "--exclude=.pytest_cache", "-C", REPO_ROOT, ".")
+        if not args.dry_run:
+            size = write_archive(files, archive)
+            print(f"[tpu_vm] archive of the {len(files.paths)} files: {size / 1e6:.1f} MB", flush=True)
         gcloud.run("gcloud", "compute", "tpus", "tpu-vm", "scp", archive, f"{args.name}:~/{REMOTE_DIR}.tgz",
                    *gcloud.base, "--worker=all")
     finally:
@@ -131,14 +149,14 @@ def install(gcloud: Gcloud, args, pod: bool) -> None:
         gcloud.ssh(ALIGN_TPU_SERVER.format(image=args.tpu_server_image, unit=TPU_RUNTIME_UNIT), worker="all")
 
 
-def train_command(args, decision) -> tuple[dict, str]:
-    """(environment, command) of train.py on worker 0. train.py's start-up sets PJRT from TPU_ACCELERATOR_TYPE
+def train_command(args, decision) -> tuple[dict, list[str]]:
+    """(environment, argv) of train.py on worker 0. train.py's start-up sets PJRT from TPU_ACCELERATOR_TYPE
     with the VM's libtpu path; pods also get TPU_LOAD_LIBRARY=0 from the same decision."""
     train_args = [*args.train_args, f'--gin_param=experiment.tpu_zone="{args.zone}"']  # Bucket region check.
     train_args.append(f'--gin_param=TPU="{args.name}"' if decision.pod else '--gin_param=TPU="local"')
     environment = {"TPU_ACCELERATOR_TYPE": args.accelerator_type,
                    **{key: value for key, value in decision.env.items() if key not in PJRT_ENV}}
-    return environment, f".venv/bin/python train.py {shlex.join(train_args)}"
+    return environment, [".venv/bin/python", "train.py", *train_args]
 
 
 def follow(gcloud: Gcloud, args, state: dict, deadline: float | None = None) -> tuple[int | None, str]:
@@ -191,9 +209,12 @@ def stop_job(gcloud: Gcloud, args, state: dict) -> bool:
     return how in ("exited", "vanished")
 
 
-def run_jobs(gcloud: Gcloud, args, decision, state: dict) -> int:
+def run_jobs(gcloud: Gcloud, args, decision, state: dict, files) -> int:
     """Starts the job and restarts it after recognised interruptions; returns the final exit code."""
     environment, command = train_command(args, decision)
+    script = job_script(0, environment, command).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    print(f"[tpu_vm] the job's script (~/{REMOTE_DIR}/job/0.sh on worker 0, N.sh after N restarts; sent base64-"
+          "encoded, every argument quoted):\n" + "".join(f"    {line}\n" for line in script.splitlines()), end="")
     for attempt in range(args.max_restarts + 1):
         state["attempt"], state["offset"] = attempt, 0
         state["job_may_run"] = True  # From here on, a failure must not delete the TPU under a running job.
@@ -235,7 +256,7 @@ def run_jobs(gcloud: Gcloud, args, decision, state: dict) -> int:
         if gone:
             gcloud.delete()
             gcloud.create()
-            install(gcloud, args, decision.pod)
+            install(gcloud, args, decision.pod, files)
     return EXIT_INTERRUPTED
 
 
@@ -248,9 +269,9 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: --accelerator_type={args.accelerator_type!r}: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    if args.tpu_server_image and not _IMAGE.fullmatch(args.tpu_server_image):
-        print(f"error: --tpu_server_image={args.tpu_server_image!r}: expected an image reference such as "
-              "gcr.io/PROJECT/IMAGE:TAG (letters, digits and ./:@_-).", file=sys.stderr)
+    problem = flag_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     decision = decide(RuntimeFacts(accelerator_type=args.accelerator_type, accelerator_type_source="--accelerator_type",
                                    libtpu_path="<the VM's site-packages>/libtpu/libtpu.so"))
@@ -261,12 +282,19 @@ def main(argv: list[str]) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_CONFIG_ERROR
+    try:
+        start_command(REMOTE_DIR, args.max_restarts, *train_command(args, decision))  # Too long: ValueError.
+        files = select(REPO_ROOT, args.include)  # Not a git checkout, or a bad --include: SourceError.
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    print(f"[tpu_vm] {files.summary()}", flush=True)
     gcloud, state, code, keep_reason = Gcloud(args), {"job_may_run": False, "attempt": 0, "offset": 0}, 1, None
     try:
         if not args.skip_create:
             gcloud.create()
-        install(gcloud, args, decision.pod)
-        code = run_jobs(gcloud, args, decision, state)
+        install(gcloud, args, decision.pod, files)
+        code = run_jobs(gcloud, args, decision, state, files)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
         if state["job_may_run"]:

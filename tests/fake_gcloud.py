@@ -4,6 +4,8 @@ It logs every call to calls.jsonl in $FAKE_GCLOUD_DIR and follows scenario.json 
 - create (tpu-vm or queued-resources): fails with the next message of `create_errors`, if any (exit 1);
 - queued-resources describe: the next state of `queued_states` (then ACTIVE);
 - tpu-vm describe: the TPU's state (state.txt: READY after a create; PREEMPTED after a simulated preemption);
+- tpu-vm scp: copies the archive to $FAKE_GCLOUD_DIR/home/ under the name it is given (`NAME:~/FILE`), as the
+  real scp delivers it to each worker's home, so tests can read what was sent;
 - tpu-vm ssh: the install command succeeds without running; the others (start, poll, stop) RUN in a local bash with
   HOME=$FAKE_GCLOUD_DIR/home, standing in for worker 0, whose `.venv/bin/python` is a fake train.py (below).
   The Nth job command (start, poll, stop: counted from 1) listed in `ssh_drops` fails like a dropped connection
@@ -12,12 +14,14 @@ It logs every call to calls.jsonl in $FAKE_GCLOUD_DIR and follows scenario.json 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
-# train.py on the fake worker: prints `lines` steps `seconds` apart, then exits with `exit` (or kills itself with
-# SIGTERM for "sigterm"); SIGTERM while running prints a checkpoint line and exits 3, like the real one.
+# train.py on the fake worker: records the arguments it received (home/argv-N.json for attempt N), prints `lines`
+# steps `seconds` apart, then exits with `exit` (or kills itself with SIGTERM for "sigterm"); SIGTERM while running
+# prints a checkpoint line and exits 3, like the real one.
 FAKE_TRAIN = """#!{python}
 import json, os, signal, sys, time
 attempts = os.path.join(os.environ['HOME'], 'attempts')
@@ -28,8 +32,8 @@ def on_sigterm(*_):
     print('SIGTERM: checkpoint saved at the last loop', flush=True)
     sys.exit(3)
 signal.signal(signal.SIGTERM, on_sigterm)
-print('attempt', number, 'TPU_ACCELERATOR_TYPE=' + os.environ.get('TPU_ACCELERATOR_TYPE', ''), 'args', sys.argv[1:],
-      flush=True)
+json.dump(sys.argv[1:], open(os.path.join(os.environ['HOME'], f'argv-{{number}}.json'), 'w'))  # As received.
+print('attempt', number, 'TPU_ACCELERATOR_TYPE=' + os.environ.get('TPU_ACCELERATOR_TYPE', ''), flush=True)
 for step in range(plan['lines']):
     print(f'attempt {{number}} step {{step}} ' + 'x' * 40, flush=True)
     time.sleep(plan.get('seconds', 0.02))
@@ -113,6 +117,10 @@ def main(argv: list[str]) -> int:
         return 0
     if verb == "ssh":
         return _ssh(argv, scenario)
+    if verb == "scp":
+        source, target = argv[4], argv[5].split(":~/", 1)[1]
+        shutil.copyfile(source, os.path.join(os.environ["FAKE_GCLOUD_DIR"], "home", target))
+        return 0
     if verb == "delete":
         _set_state("DELETED")
     return 0

@@ -42,3 +42,37 @@ def write_class_images(root: str, sizes: dict, shape=(8, 8, 3)) -> None:
                 image = rng.integers(0, 90, shape).astype(np.uint8)
                 image[..., channel] += 150
                 tf.io.write_file(f"{root}/{split}/{name}/{index}.png", tf.io.encode_png(image))
+
+
+def start_in_own_terminal(argv: list[str], columns: int = 0):
+    """Starts `argv` in a terminal of its own, as a login shell's job runs: a pseudo-terminal that is its stdin,
+    stdout, stderr and controlling terminal, the process its session leader (so closing the terminal sends it SIGHUP).
+    `columns` > 0 sizes the terminal (0 x 0 otherwise). Returns (process, the terminal's master fd): read the output
+    from it with `read_terminal_until`, close it to close the terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, terminal = pty.openpty()
+    if columns:
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    process = subprocess.Popen(argv, cwd=REPO_ROOT, stdin=terminal, stdout=terminal, stderr=terminal,
+                               start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(terminal)
+    return process, master
+
+
+def read_terminal_until(master: int, pattern: bytes, timeout: float = 180) -> bytes:
+    """The terminal's output until it matches the regular expression `pattern` (AssertionError after `timeout` s)."""
+    import re
+    import select
+    import time
+
+    output, deadline = b"", time.monotonic() + timeout
+    while not re.search(pattern, output):
+        ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"no {pattern!r} in {timeout} s: {output[-3000:]!r}")
+        output += os.read(master, 65536)
+    return output

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import REPO_ROOT, run_train_py
+from tests.helpers import REPO_ROOT, read_terminal_until, run_train_py, start_in_own_terminal
 from tpu_utils.local_cluster import LocalJob, tf_configs
 from training.replica_invariance import TOLERANCE as TOLERANCE_FLOAT64
 
@@ -207,3 +207,29 @@ def test_a_worker_ends_with_its_exit_code_even_if_teardown_hangs(tf_config, ends
     assert ends, "an ordinary exit did not wait for its non-daemon thread: this control shows nothing"
     assert process.returncode == 3, stderr
     assert "exit handlers still running after 1 s; exiting without them." in stderr
+
+
+@pytest.mark.slow
+def test_closing_the_launchers_terminal_stops_both_workers_after_a_checkpoint(tmp_path, data_dir):
+    """The launcher runs in a terminal of its own (a pseudo-terminal; the launcher its session leader) that the test
+    closes once training is under way: the kernel sends SIGHUP, which by default killed the launcher and left the
+    workers writing into a pipe nobody read. It is passed on as SIGTERM: both workers checkpoint (there is no
+    periodic checkpoint: CHECKPOINT_EVERY=0) and the launcher, its output now going nowhere, exits 3."""
+    launcher, master = start_in_own_terminal([sys.executable, os.path.join(REPO_ROOT, "scripts", "launch_local.py"),
+                                              "--workers=2", "--", *LONG_RUN, f"--model_dir={tmp_path}"])
+    workers = []
+    try:
+        read_terminal_until(master, rb"\[worker 0\] .* step +\d+/100000")
+        workers = _children(launcher.pid)
+        os.close(master)  # The terminal closes: SIGHUP to the launcher.
+        code = launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+        for worker in workers:  # Left running if the launcher died without passing the stop on.
+            try:
+                os.kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert code == 3, code
+    latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+    assert latest and int(latest.rsplit("-", 1)[1]) % 20 == 0

@@ -8,9 +8,11 @@ SSH drops, preemption, queued resources and capacity errors are exercised as rea
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
@@ -22,13 +24,20 @@ TRAIN_ARGS = ["--", "--gin_file=configs/tpu/cifar10_resnet_v3_32_pod.gin", "--mo
 FAST = ["--poll_seconds=0.05", "--retry_seconds=0.01", "--queue_poll_seconds=0.01"]
 
 
-def _launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SCRIPT, "--name=my-tpu", "--zone=us-central1-a", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+def _launch(*args: str, env: dict | None = None, script: str = SCRIPT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, script, "--name=my-tpu", "--zone=us-central1-a", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, errors="backslashreplace", timeout=120,
+                          env={**os.environ, **(env or {})})
 
 
 def _commands(stdout: str) -> list[str]:
     return [chunk.rstrip() for chunk in ("\n" + stdout).split("\n+ ")[1:]]
+
+
+def _job_script(stdout: str) -> str:
+    """The job's script as the launcher prints it before sending it (base64-encoded) to worker 0."""
+    lines = stdout.split("[tpu_vm] the job's script", 1)[1].splitlines()[1:]
+    return "\n".join(line[4:] for line in lines[:next(i for i, line in enumerate(lines) if line[:4] != "    ")])
 
 
 def test_dry_run_for_a_pod_installs_everywhere_and_trains_detached_on_worker_0():
@@ -39,9 +48,12 @@ def test_dry_run_for_a_pod_installs_everywhere_and_trains_detached_on_worker_0()
                                   "--accelerator-type=v3-32 --version=tpu-vm-tf-2.20.0-pod")
     install = next(command for command in commands if "pip install" in command)
     assert "--worker=all" in install and "requirements-tpu.txt" in install and "python3.11 -m venv" in install
-    start = next(command for command in commands if "train.py" in command)
+    start = next(command for command in commands if "setsid nohup" in command)
     assert "--worker=0" in start and "setsid nohup bash job/0.sh > job/0.log" in start
-    assert "export TPU_LOAD_LIBRARY=0" in start and 'TPU="my-tpu"' in start and "us-central1-a" in start
+    assert "| base64 -d > job/0.sh" in start and "train.py" not in start  # Only base64 reaches the remote shell.
+    script = _job_script(result.stdout)
+    assert "export TPU_LOAD_LIBRARY=0" in script and 'TPU="my-tpu"' in script and "us-central1-a" in script
+    assert ".venv/bin/python train.py --gin_file=configs/tpu/cifar10_resnet_v3_32_pod.gin" in script
     assert "pod slice, classic TPU runtime" in result.stdout
     assert commands[-1] == "gcloud compute tpus tpu-vm delete my-tpu --zone us-central1-a --quiet"
 
@@ -51,9 +63,9 @@ def test_pjrt_is_decided_by_the_generation_not_the_version_string():
                      *TRAIN_ARGS)
     assert result.returncode == 0, result.stderr
     assert "v5e (v5litepod-8), 8 chip(s), 8 replica(s), single host, PJRT pluggable device" in result.stdout
-    start = next(command for command in _commands(result.stdout) if "train.py" in command)
-    assert "export TPU_ACCELERATOR_TYPE=v5litepod-8" in start and 'TPU="local"' in start
-    assert "TPU_LOAD_LIBRARY" not in start and "--spot" in _commands(result.stdout)[0]
+    script = _job_script(result.stdout)
+    assert "export TPU_ACCELERATOR_TYPE=v5litepod-8" in script and 'TPU="local"' in script
+    assert "TPU_LOAD_LIBRARY" not in script and "--spot" in _commands(result.stdout)[0]
     classic = _launch("--accelerator_type=v4-8", "--version=tpu-vm-tf-2.18.0-pjrt", "--dry_run", *TRAIN_ARGS)
     assert "v4 (v4-8), 4 chip(s), 4 replica(s), single host, classic TPU runtime" in classic.stdout
 
@@ -62,6 +74,31 @@ def test_bad_flags_stop_before_anything_is_created():
     result = _launch("--accelerator_type=v3_8", "--version=x", "--dry_run", *TRAIN_ARGS)
     assert result.returncode == 2 and "--accelerator_type='v3_8'" in result.stderr
     assert not _commands(result.stdout)
+
+
+@pytest.mark.parametrize("flag", ["--name=--impersonate-service-account=x@y.iam", "--name=my-tpu;touch x",
+                                  "--name=My_TPU", '--zone=us-central1-a"\nFOO=1', "--zone=--project=other",
+                                  "--project=--verbosity=debug", "--project=a b", "--version=x y", "--version=-x",
+                                  "--tpu_server_image=gcr.io/p/i:2.20 && touch x", "--tpu_server_image=ｇcr.io/p"])
+def test_flags_that_become_parts_of_gcloud_commands_are_checked_first(flag):
+    """A value that could pass as another gcloud option, or as shell or gin text (--zone and --name go into gin
+    strings), stops the launch before any command; the later flag wins over the fixture's --name and --zone."""
+    result = _launch("--accelerator_type=v4-8", "--version=tpu-vm-tf-2.18.0-pjrt", flag, "--dry_run", *TRAIN_ARGS)
+    name = flag.split("=", 1)[0]
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {name}="), result.stdout + result.stderr
+    assert "expected" in result.stderr and not _commands(result.stdout)
+    good = _launch("--accelerator_type=v4-8", "--version=tpu-vm-tf-2.18.0-pjrt", "--project=my-project-123",
+                   "--zone=europe-west4-a", "--dry_run", *TRAIN_ARGS)
+    assert good.returncode == 0, good.stderr
+
+
+def test_train_arguments_too_long_for_one_ssh_command_stop_before_anything_is_created(fake_gcloud):
+    """One command-line argument is at most 128 KiB on Linux (the ssh command, here and on the VM): the launch
+    stops at once with the fix instead of failing after the TPU was created."""
+    settings = [f"--gin_param=X{index}='{'y' * 15000}'" for index in range(8)]
+    result, verbs = fake_gcloud({}, [], train_args=["--", *settings])
+    assert result.returncode == 2 and "one SSH command carries: put the settings in a gin file" in result.stderr
+    assert not verbs
 
 
 def test_a_pod_whose_runtime_tensorflow_differs_is_refused_naming_both_versions():
@@ -102,13 +139,16 @@ def fake_gcloud(tmp_path):
         (tmp_path / "home" / "train_plan.json").write_text(json.dumps(train_plan))
 
     def verbs() -> list[str]:
+        if not (tmp_path / "calls.jsonl").exists():
+            return []
         calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
         return [f"{call[2]}:{call[3]}" if call[:2] == ["compute", "tpus"] else call[0] for call in calls]
 
-    def run(scenario: dict, train_plan: list[dict], *flags: str, accelerator_type: str = "v5litepod-8"):
+    def run(scenario: dict, train_plan: list[dict], *flags: str, accelerator_type: str = "v5litepod-8",
+            train_args: list[str] = TRAIN_ARGS, script: str = SCRIPT, extra_env: dict | None = None):
         write(scenario, train_plan)
         result = _launch(f"--accelerator_type={accelerator_type}", "--version=v2-alpha-tpuv5-lite", *FAST, *flags,
-                         *TRAIN_ARGS, env=env)
+                         *train_args, env={**env, **(extra_env or {})}, script=script)
         return result, verbs()
 
     run.env, run.write, run.verbs = env, write, verbs
@@ -248,3 +288,92 @@ def test_ctrl_c_stops_the_job_and_deletes_the_tpu_only_once_it_has_stopped(fake_
     stopped = output.index("SIGTERM: checkpoint saved at the last loop")  # The job's own log, streamed.
     assert output.index("the job exited with 3") > stopped
     assert fake_gcloud.verbs()[-1] == "tpu-vm:delete"
+
+
+# Arguments a user (or a config generated by someone else) might pass, each of which a shell would act on if the job
+# were shell text built from them. MARKER is replaced by a file path: an injected command would create that file.
+HOSTILE_ARGUMENTS = {
+    "shell syntax": ["a; touch MARKER", "$(touch MARKER)", "`touch MARKER`", "x && touch MARKER", "| touch MARKER",
+                     "> MARKER", "${IFS}touch${IFS}MARKER", "$HOME", "*", "~", "!!", "#", "", " ", "\t", "\r", "-"],
+    "heredoc terminator": ["--gin_param=A=1\nEND_OF_TPU_VM_JOB\ntouch MARKER\n", "\nEND_OF_TPU_VM_JOB",
+                           "END_OF_TPU_VM_JOB", "\n"],
+    "quotes and backslashes": ["it's", "'", "\"", "'\"'\"'", "\\", "a\\", "\\'; touch MARKER; '",
+                               "--gin_param=NAME='x'\"y\"", "$'\\x41'"],
+    "unicode, control and non-UTF-8 bytes": ["ünïcødé ✓ 日本語 🙂", "\x01\x02\x1b[31m\x7f",
+                                              b"\xff\xfe\x80 bytes".decode("utf-8", "surrogateescape")],
+    "long": ["--gin_param=X='" + "y" * 20000 + "'"],
+}
+
+
+@pytest.mark.parametrize("kind", HOSTILE_ARGUMENTS)
+def test_train_py_receives_exactly_the_given_arguments_and_nothing_is_run(fake_gcloud, tmp_path, kind):
+    """The job's script reaches worker 0 in a form no argument can end or alter; train.py (the stand-in on the fake
+    worker, which runs the very commands a TPU VM would) records the arguments it got."""
+    marker = str(tmp_path / "injected")
+    hostile = [argument.replace("MARKER", marker) for argument in HOSTILE_ARGUMENTS[kind]]
+    result, _ = fake_gcloud({}, [{"lines": 1, "exit": 0}], train_args=["--", *hostile])
+    assert not os.path.exists(marker), f"an argument ran a command: {result.stdout[-3000:]}"
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(tmp_path / "home" / "argv-0.json") as handle:
+        received = json.load(handle)
+    assert received[0] == "train.py" and received[1:len(hostile) + 1] == hostile
+    assert received[len(hostile) + 1:] == ['--gin_param=experiment.tpu_zone="us-central1-a"', '--gin_param=TPU="local"']
+
+
+def _git(root, *args: str) -> list[str]:
+    result = subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True)
+    return [path for path in result.stdout.split("\0") if path]
+
+
+def test_only_what_git_tracks_reaches_the_workers(fake_gcloud, tmp_path):
+    """A copy of this checkout with the secrets and folders a real one gathers: the archive the workers receive
+    holds exactly the tracked files (a tracked data/runs/keep.py included) and the one --include names."""
+    copy = tmp_path / "checkout"
+    for path in _git(REPO_ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"):
+        if os.path.isfile(os.path.join(REPO_ROOT, path)):
+            os.makedirs(copy / os.path.dirname(path), exist_ok=True)
+            shutil.copy2(os.path.join(REPO_ROOT, path), copy / path)
+    _git(copy, "init", "-q")
+    _git(copy, "add", "-A")
+    for path, text in {"data/runs/keep.py": "KEEP = 1\n", "notes/extra.gin": "EXTRA = 1\n"}.items():
+        os.makedirs(copy / os.path.dirname(path), exist_ok=True)
+        (copy / path).write_text(text)
+    _git(copy, "add", "-f", "data/runs/keep.py")  # `runs/` is ignored; tracked anyway, so sent.
+    secrets = [".env", "key.json", ".ssh/id_rsa", "deploy.pem", "venv2/pyvenv.cfg", "venv2/bin/python",
+               ".venv/bin/python", "tensorflow_datasets/digits/1.0.0/train.tfrecord", "runs/r1/ckpt-1.index",
+               "models/__pycache__/cnn.cpython-311.pyc"]
+    for path in secrets:
+        os.makedirs(copy / os.path.dirname(path), exist_ok=True)
+        (copy / path).write_text("secret")
+    tracked = _git(copy, "ls-files", "-z")
+    untracked = set(_git(copy, "ls-files", "-z", "--others", "--exclude-standard")) - {"notes/extra.gin"}
+    result, _ = fake_gcloud({}, [{"lines": 1, "exit": 0}], "--include=notes/extra.gin",
+                            script=str(copy / "scripts" / "tpu_vm.py"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with tarfile.open(tmp_path / "home" / "tpu-template.tgz") as archive:
+        sent = archive.getnames()
+    assert sorted(sent) == sorted([*tracked, "notes/extra.gin"]) and "data/runs/keep.py" in sent
+    assert not set(secrets) & set(sent)
+    assert f"sending {len(tracked) + 1} files (" in result.stdout
+    assert f"not sent: {len(untracked)} untracked" in result.stdout
+
+
+def test_a_copy_that_is_not_a_git_checkout_is_refused_before_anything_is_created(fake_gcloud, tmp_path):
+    copy = tmp_path / "download"
+    shutil.copytree(REPO_ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", ".*cache"))
+    result, verbs = fake_gcloud({}, [], script=str(copy / "scripts" / "tpu_vm.py"),
+                                extra_env={"GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    assert result.returncode == 2 and "is not a git checkout" in result.stderr and not verbs
+
+
+def test_the_job_commands_refuse_values_that_would_be_shell_text():
+    """The launcher's own values (folder, attempt, offset, environment names) are never quoted: they are checked."""
+    from tpu_utils.tpu.remote_job import poll_command, start_command, stop_command
+
+    assert "base64 -d" in start_command("tpu-template", 0, {"TPU_LOAD_LIBRARY": "0"}, ["train.py"])
+    for bad in (lambda: start_command("x; touch y", 0, {}, ["train.py"]),
+                lambda: start_command("tpu-template", 0, {"A=1 touch": "y"}, ["train.py"]),
+                lambda: poll_command("tpu-template", "0; touch y", 0), lambda: poll_command("..", 0, 0),
+                lambda: poll_command("tpu-template", 0, "1; touch y"), lambda: stop_command("$(touch y)", 0)):
+        with pytest.raises(ValueError, match="expected"):
+            bad()

@@ -3,11 +3,12 @@
 scripts/launch_local.py runs train.py this way; the tests use it too, and its free-port finder for their servers.
 Worker 0 is the chief. Each worker's output is forwarded line by line with a `[worker N]` prefix.
 
-Signals: the workers run in their own session, so a terminal's Ctrl-C (SIGINT to the foreground process group)
-reaches the launcher only, which passes one SIGTERM to each worker (`request_stop`): they stop together at their
-next loop boundary, after a checkpoint. (Were they in the launcher's group, each would get the terminal's SIGINT and
-the forwarded SIGTERM, count two signals and stop at once, without that checkpoint.) A launcher killed outright
-(SIGKILL) passes nothing on: its workers train on to the end, their output lost; stop them with `kill -TERM <pid>`.
+Signals: the workers run in their own session, so a terminal's Ctrl-C (SIGINT to the foreground process group) or
+hang-up (SIGHUP) reaches the launcher only, which passes one SIGTERM to each worker (`request_stop`): they stop
+together at their next loop boundary, after a checkpoint. (Were they in the launcher's group, each would get the
+terminal's SIGINT and the forwarded SIGTERM, count two signals and stop at once, without that checkpoint.) A launcher
+killed outright (SIGKILL) passes nothing on: its workers train on to the end, their output lost; stop them with
+`kill -TERM <pid>`.
 """
 
 import json
@@ -40,10 +41,16 @@ def tf_configs(num_workers: int) -> list[str]:
 
 
 def _forward(stream, prefix: str, lock: threading.Lock) -> None:
+    """Copies a worker's output lines to stdout until the worker closes it. If stdout fails (a closed pipe), the lines
+    are read and dropped: a worker whose output is not read would block once the pipe is full, short of its
+    checkpoint."""
     for line in iter(stream.readline, ""):
         with lock:
-            sys.stdout.write(f"{prefix} {line}")
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(f"{prefix} {line}")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                pass
     stream.close()
 
 

@@ -1,5 +1,5 @@
-"""SIGTERM and SIGINT, honoured from process start to exit: a stop is requested, and the run stops at the next point
-where nothing is lost.
+"""SIGTERM, SIGINT and SIGHUP, honoured from process start to exit: a stop is requested, and the run stops at the next
+point where nothing is lost.
 
 train.py installs the handlers first thing (`honoured()`), before TensorFlow is imported. The first signal only
 records the request (and logs it); the run then stops:
@@ -10,6 +10,12 @@ A second signal stops the process at once (exit 3), even while the main thread i
 Python runs signal handlers only between bytecodes, so a watcher thread reads the signal numbers that the C-level
 handler writes to a wakeup pipe, logs the first at once and ends the process on the second (checkpoints saved
 before are intact; one being written is skipped on resume as damaged).
+
+SIGHUP is what a terminal or SSH session that closes sends (without `nohup`): by default it ends Python at once, and
+every step since the last checkpoint was lost. Here it is a SIGTERM: a checkpoint at the next loop boundary, exit 3.
+Its terminal is gone by then and writing to it fails (EIO), which would crash the run before that checkpoint, so
+stdout and stderr, if they were that terminal, are pointed at /dev/null. A SIGHUP ignored when the process started
+(`nohup python train.py`, the TPU VM launcher's `setsid nohup`) stays ignored: the user asked to survive a hang-up.
 """
 
 import contextlib
@@ -22,13 +28,16 @@ from common.errors import TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_INTERRUPTED = TrainingInterrupted.exit_code
-_state = {"depth": 0, "received": None, "previous": {}, "seen": 0, "watcher": None}
+# previous: the handlers replaced (and so restored at the end); terminals: the output fds that were a terminal then.
+_state = {"depth": 0, "received": None, "previous": {}, "seen": 0, "watcher": None, "terminals": ()}
 
 
 def _handler(signum, frame):
     del frame
+    if signum == signal.SIGHUP:
+        discard_output_if_hung_up(_state["terminals"])
     if _state["received"] is not None:
         raise KeyboardInterrupt
     _state["received"] = signum
@@ -53,6 +62,8 @@ def _watch(read_fd: int) -> None:
         for signum in data:
             if signum not in _SIGNALS or _state["depth"] == 0:
                 continue
+            if signum == signal.SIGHUP:  # Before logging: the log may be the terminal that hung up.
+                discard_output_if_hung_up(_state["terminals"])
             _state["seen"] += 1
             if _state["seen"] == 1:
                 _log_first(signum)
@@ -82,7 +93,9 @@ def honoured():
     if install:
         _state["received"] = None
         _state["seen"] = 0
-        _state["previous"] = {signum: signal.signal(signum, _handler) for signum in _SIGNALS}
+        _state["terminals"] = tuple(fd for fd in (1, 2) if os.isatty(fd))
+        _state["previous"] = {signum: signal.signal(signum, _handler) for signum in _SIGNALS
+                              if not (signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN)}
         _start_watcher()
     elif main_thread:
         reclaim()
@@ -104,8 +117,20 @@ def reclaim() -> None:
     which silently replaces Python's: call this after creating a strategy.
     """
     if _state["depth"] > 0 and threading.current_thread() is threading.main_thread():
-        for signum in _SIGNALS:
+        for signum in _state["previous"]:  # Those installed: an ignored SIGHUP stays ignored.
             signal.signal(signum, _handler)
+
+
+def discard_output_if_hung_up(terminals: tuple[int, ...]) -> None:
+    """Points each of the file descriptors `terminals` (that were a terminal) at /dev/null if its terminal has hung
+    up: writes to it would fail with EIO from now on (os.isatty is then False), and the run must still reach its
+    checkpoint and print its last lines without an error."""
+    lost = [fd for fd in terminals if not os.isatty(fd)]
+    if lost:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in lost:
+            os.dup2(null, fd)
+        os.close(null)
 
 
 def requested() -> str | None:

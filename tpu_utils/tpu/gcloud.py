@@ -2,7 +2,8 @@
 that wait for capacity), retry capacity errors with back-off, describe its state, ssh/scp, delete it.
 
 Every command is printed before it runs (`+ gcloud ...`), except the launcher's frequent log polls. A dry run
-prints the commands and runs none.
+prints the commands and runs none. Commands are argument lists (no local shell); the flags that become parts of
+them are checked first (`flag_problem`), so none can pass as another gcloud option or as shell or gin text.
 """
 
 import re
@@ -17,10 +18,30 @@ CAPACITY_ERROR = re.compile(r"RESOURCE_EXHAUSTED|no more capacity|ZONE_RESOURCE_
 QUEUED_READY = "ACTIVE"
 QUEUED_GAVE_UP = ("FAILED", "SUSPENDING", "SUSPENDED")
 MAX_BACKOFF_SECONDS = 1800
+# What Google Cloud accepts (ASCII only): TPU node names and zones are lowercase letters, digits and hyphens (RFC 1035
+# labels), project IDs 6-30 of those (or the legacy `domain.com:project`), software versions and server images
+# tokens without spaces or shell syntax.
+_FLAG_PATTERNS = {
+    "name": (r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?", "lowercase letters, digits and hyphens, starting with a letter"),
+    "zone": (r"[a-z]+(?:-[a-z]+)*[0-9]+-[a-z]", "a zone such as us-central1-b"),
+    "project": (r"(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]", "a project ID such as my-project-123"),
+    "version": (r"[A-Za-z0-9][A-Za-z0-9._-]*", "a TPU software version such as tpu-vm-tf-2.18.0-pjrt"),
+    "tpu_server_image": (r"[A-Za-z0-9][A-Za-z0-9_./:@-]*", "an image reference such as gcr.io/PROJECT/IMAGE:TAG "
+                                                          "(letters, digits and ./:@_-)"),
+}
 
 
 class LauncherError(RuntimeError):
     """A step of the launch failed in a way retrying here cannot fix; the message says what and what to do."""
+
+
+def flag_problem(args) -> str | None:
+    """What is wrong with the launcher's --name, --zone, --project, --version or --tpu_server_image, or None."""
+    for flag, (pattern, expected) in _FLAG_PATTERNS.items():
+        value = getattr(args, flag)
+        if value is not None and not re.fullmatch(pattern, value, re.ASCII):
+            return f"--{flag}={value!r}: expected {expected}."
+    return None
 
 
 class Gcloud:
