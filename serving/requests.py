@@ -29,7 +29,16 @@ def _json_value(value):
             return value.decode("utf-8")
         except UnicodeDecodeError:
             return {"b64": base64.b64encode(value).decode("ascii")}
-    return np.asarray(value).tolist()
+    array = np.asarray(value)
+    if array.dtype == np.float32:  # Each number at float32's shortest exact form (11.74, not 11.739999771118164).
+        return _shortest_floats(array)
+    return array.tolist()
+
+
+def _shortest_floats(array: np.ndarray):
+    if array.ndim == 0:
+        return float(str(array[()]))  # str of a NumPy float32: the shortest text that reads back to it.
+    return [_shortest_floats(row) for row in array]
 
 
 def request_json(batch: dict) -> str:
