@@ -280,3 +280,11 @@ def test_export_tflite_must_be_a_boolean(small_config):
     with pytest.raises(ConfigError, match=r"experiment.export_tflite='yes' must be True or False; e.g. "
                                           r"--gin_param=\"experiment.export_tflite=True\""):
         small_config(export_tflite="yes")
+
+
+def test_feature_names_must_name_every_feature():
+    from tasks.tabular import TabularClassification
+
+    assert TabularClassification(num_features=2).column_names == ("feature_0", "feature_1")
+    with pytest.raises(ValueError, match="has 1 feature_names for num_features=2"):
+        TabularClassification(num_features=2, feature_names=("a",)).bind(None)
