@@ -17,6 +17,14 @@ from tasks.image_classification import ImageClassification, flip_and_crop_32
 from tasks.tabular import TabularClassification, TabularRegression
 from tasks.text_classification import TextClassification
 
+# scikit-learn's names of the breast cancer columns (load_breast_cancer().feature_names): ten measures of the cell
+# nuclei, as their mean, standard error and worst value.
+_NUCLEUS_MEASURES = ("radius", "texture", "perimeter", "area", "smoothness", "compactness", "concavity",
+                     "concave points", "symmetry", "fractal dimension")
+BREAST_CANCER_FEATURES = (tuple(f"mean {measure}" for measure in _NUCLEUS_MEASURES)
+                          + tuple(f"{measure} error" for measure in _NUCLEUS_MEASURES)
+                          + tuple(f"worst {measure}" for measure in _NUCLEUS_MEASURES))
+
 
 @dataclasses.dataclass(frozen=True)
 class DatasetSpec:
@@ -61,11 +69,13 @@ DATASETS: dict[str, DatasetSpec] = {
     # 455 train / 114 test rows.
     "breast_cancer": DatasetSpec(tfds_name="sklearn_breast_cancer", train_split="train", eval_split="test",
                                  module="data.tabular.sklearn_tabular_builders",
-                                 task=TabularClassification(num_features=30, num_classes=2)),
+                                 task=TabularClassification(num_features=30, num_classes=2,
+                                                            feature_names=BREAST_CANCER_FEATURES)),
     # Bundled, offline: a generated regression set (data/tabular), 8 float features, one target; 4,000 / 1,000 rows.
     "synthetic_housing": DatasetSpec(tfds_name="synthetic_housing", train_split="train", eval_split="test",
                                      module="data.tabular.sklearn_tabular_builders",
-                                     task=TabularRegression(num_features=8, label_key="target")),
+                                     task=TabularRegression(num_features=8, label_key="target",
+                                                            feature_names=tuple(f"x{index}" for index in range(8)))),
     # Bundled, offline: generated product reviews (data/text), a string and negative/positive; 4,000 / 1,000.
     # Tokenised in the graph to 32 ids with a vocabulary counted on the train split (tasks/text_classification.py).
     "synthetic_reviews": DatasetSpec(tfds_name="synthetic_reviews", train_split="train", eval_split="test",

@@ -8,7 +8,9 @@ A Task says
   training examples only (stateless augmentation, a pure function of SEED and the example's position);
 - the model's input shape and output size, the per-example loss and the metrics it reports by default;
 - what the exported model serves: `serving_signature` (the raw features as the dataset stores them) and `serve`
-  (the same preprocessing as training, then the model, then named outputs such as class names).
+  (the same preprocessing as training, then the model, then named outputs such as class names); `serving_example`
+  turns a stored example into what a client sends (the export's warmup and example requests), and
+  `serving_metadata` says what a reader of the export needs to know (class names, feature names: serving/).
 The input pipelines (data/pipeline.py, data/shard_stream.py), the training step and the export call only these.
 `bind(builder)` returns the task completed from the prepared dataset (class names, or statistics computed from the
 train split) before anything is built.
@@ -90,6 +92,17 @@ class Task:
     def serve(self, model, inputs: dict) -> dict:
         """The exported signature's body: `inputs` as in `serving_signature` -> named outputs."""
         raise NotImplementedError
+
+    def serving_example(self, example: dict, features: tfds.features.FeaturesDict) -> dict:
+        """One stored example (a dict of the `keys`, read with `decoders`) -> the signature's inputs for it, unbatched:
+        what a client would send. The export builds its warmup and example requests from eval examples with it; a
+        task without it exports without them."""
+        raise NotImplementedError
+
+    def serving_metadata(self) -> dict:
+        """What a reader of the export needs beside the signature (JSON values): the task, its kind and, per task,
+        class names or feature names. Written to the export's assets.extra/serving_metadata.json."""
+        return {"task": type(self).__name__, "kind": self.kind}
 
 
 def classification_outputs(logits: tf.Tensor, class_names: tuple[str, ...] | None) -> dict:

@@ -94,6 +94,20 @@ class ImageClassification(Task):
     def serve(self, model, inputs):
         return classification_outputs(model(self.preprocess(inputs["images"]), training=False), self.class_names)
 
+    def serving_example(self, example, features):
+        image = example[self.image_key]
+        if self.eval_decoder is not None:  # The evaluation crop: what the model was evaluated on, at image_shape.
+            image = self.eval_decoder(image)
+        elif image.dtype == tf.string:
+            image = features[self.image_key].decode_example(image)
+        if image.dtype.is_floating:  # A decoder that resizes returns float pixels.
+            image = tf.round(image)
+        return {"images": tf.saturate_cast(image, tf.uint8)}
+
+    def serving_metadata(self):
+        class_names = list(self.class_names) if self.class_names else None
+        return {**super().serving_metadata(), "class_names": class_names, "max_pixel_value": self.max_pixel_value}
+
 
 def flip_and_crop_32(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """CIFAR-style augmentation: random horizontal flip, 4-pixel pad and random 32x32 crop (stateless)."""

@@ -21,6 +21,9 @@ class _Tabular(Task):
     train_split: str = "train"  # Where the standardisation statistics come from.
     mean: tuple[float, ...] | None = None  # None until bind(); or set them to fix the statistics by hand.
     std: tuple[float, ...] | None = None
+    # The names of the vector's columns, in order: the export's metadata lists them, and `python -m serving.predict`
+    # reads a CSV's columns by them. None: feature_0, feature_1, ...
+    feature_names: tuple[str, ...] | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -33,7 +36,15 @@ class _Tabular(Task):
     def stored_shapes(self):
         return {self.features_key: (self.num_features,)}
 
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """`feature_names`, or feature_0, feature_1, ... when none are given."""
+        return self.feature_names or tuple(f"feature_{index}" for index in range(self.num_features))
+
     def bind(self, builder):
+        if self.feature_names is not None and len(self.feature_names) != self.num_features:
+            raise ValueError(f"{type(self).__name__} has {len(self.feature_names)} feature_names for "
+                             f"num_features={self.num_features}; give one name per feature (or None).")
         if self.mean is not None and self.std is not None:
             return self
         values = tfds.as_numpy(builder.as_dataset(split=self.train_split, batch_size=-1))[self.features_key]
@@ -54,6 +65,12 @@ class _Tabular(Task):
     def serving_signature(self):
         return {"features": tf.TensorSpec([None, self.num_features], tf.float32, name="features")}
 
+    def serving_example(self, example, features):
+        return {"features": tf.cast(example[self.features_key], tf.float32)}
+
+    def serving_metadata(self):
+        return {**super().serving_metadata(), "feature_names": list(self.column_names)}
+
 
 @dataclasses.dataclass(frozen=True)
 class TabularClassification(_Tabular):
@@ -66,6 +83,9 @@ class TabularClassification(_Tabular):
 
     def bind(self, builder):
         return dataclasses.replace(super().bind(builder), class_names=label_names(builder, self.label_key))
+
+    def serving_metadata(self):
+        return {**super().serving_metadata(), "class_names": list(self.class_names) if self.class_names else None}
 
     def prepare(self, example, features, *, seed=None):
         vector = tf.ensure_shape(self.preprocess(example[self.features_key]), (self.num_features,))

@@ -137,3 +137,9 @@ class TextClassification(Task):
 
     def serve(self, model, inputs):
         return classification_outputs(model(self.tokenize(inputs["text"]), training=False), self.class_names)
+
+    def serving_example(self, example, features):
+        return {"text": example[self.text_key]}
+
+    def serving_metadata(self):
+        return {**super().serving_metadata(), "class_names": list(self.class_names) if self.class_names else None}

@@ -118,6 +118,22 @@ def small_config(data_dir):
 
 
 @pytest.fixture(scope="session")
+def served(tmp_path_factory, data_dir):
+    """Factory: served('image' | 'tabular' | 'regression' | 'text') -> the ServedRun of that shipped task (a short
+    real training run and its exports, tests/serving_runs.py), made once per session."""
+    from serving_runs import train_and_export
+
+    runs = {}
+
+    def get(name: str):
+        if name not in runs:
+            runs[name] = train_and_export(name, str(tmp_path_factory.mktemp(f"served_{name}")), data_dir)
+        return runs[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def gcs():
     """fake-gcs-server + the TLS proxy, started once (~0.3 s), torn down at the end; see tests/gcs/emulator.py."""
     from tests.gcs.emulator import GcsEmulator

@@ -1,4 +1,4 @@
-"""Dependencies point one way: entry points -> training -> data, models, tasks, tpu_utils -> common.
+"""Dependencies point one way: entry points -> training -> serving, data, models, tasks, tpu_utils -> common.
 
 Read from the source with `ast` (no imports run): a module of a lower layer importing a higher one fails, and so
 does any reference to the developers' notes folder, which a fork does not have.
@@ -19,7 +19,8 @@ ALLOWED = {
     "models": {"common"},
     "data": {"common", "tasks"},
     "tpu_utils": {"common"},
-    "training": {"common", "data", "models", "tasks", "tpu_utils", "training"},
+    "serving": {"common", "tasks"},
+    "training": {"common", "data", "models", "serving", "tasks", "tpu_utils", "training"},
 }
 FIRST_PARTY = set(ALLOWED) | {"train", "scripts"}
 

@@ -61,6 +61,8 @@ class ExperimentConfig:
     # Keep the train split on the devices and draw batches in the compiled loop (data/device_split.py): 'auto',
     # 'always', 'never'.
     train_data_on_device: str = "auto"
+    # Also write model.tflite (LiteRT) into every export, when the serving graph converts (docs/serving.md).
+    export_tflite: bool = False
 
     def __post_init__(self):
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.
@@ -98,6 +100,9 @@ class ExperimentConfig:
         if self.clip_global_norm is not None and not self.clip_global_norm > 0:
             raise ConfigError(f"experiment.clip_global_norm={self.clip_global_norm!r} must be > 0, or None to disable "
                               f"clipping; e.g. {how_to_set('clip_global_norm', 1.0)}.")
+        if not isinstance(self.export_tflite, bool):
+            raise ConfigError(f"experiment.export_tflite={self.export_tflite!r} must be True or False; e.g. "
+                              f"{how_to_set('export_tflite', True)}.")
         if self.train_data_on_device not in TRAIN_DATA_ON_DEVICE:
             raise ConfigError(f"experiment.train_data_on_device={self.train_data_on_device!r} is not one of "
                               f"{', '.join(map(repr, TRAIN_DATA_ON_DEVICE))}; e.g. "

@@ -5,6 +5,12 @@ The signature is the task's (tasks/): it applies the same preprocessing as train
 class id and its name). Reload with `tf.saved_model.load(path)` and call
 `.signatures['serving_default'](**inputs)`; `keras.models.load_model` does not read SavedModel folders.
 
+Written through `keras.export.ExportArchive`, which saves the model's variables where the graph-mode loader of TF
+Serving, Vertex AI and `saved_model_cli run` restores them from (a Keras 3 model held by a tf.Module and saved with
+tf.saved_model.save loads in tf.saved_model.load, but that loader fails with "Could not find variable ..."). Beside
+it, in assets.extra/ (serving/): serving_metadata.json, TF Serving's tf_serving_warmup_requests and a Vertex AI
+example_request.json (both from the first eval examples), and on request model.tflite (docs/serving.md).
+
 The SavedModel is written to a temporary sibling folder and renamed into place, so `export/<step>/` either holds a
 complete SavedModel or does not exist (a full disk or a kill mid-export leaves no half-written version for a
 server to pick up). gs:// has no folder rename (TensorFlow copies object by object), so there the files are copied
@@ -13,6 +19,8 @@ with `saved_model.pb` last, and an old version loses its `saved_model.pb` first:
 half-written (the folder may hold stray variable files until the next export of that step replaces it).
 """
 
+import json
+import logging
 import uuid
 
 import keras
@@ -20,33 +28,81 @@ import tensorflow as tf
 
 from common.errors import StorageError
 from common.storage_errors import describe
+from serving import metadata, requests, tflite, warmup
+from serving.examples import first_examples
 from tasks.base import Task
 from tpu_utils.strategy import io_device_for
 
+log = logging.getLogger(__name__)
 
-class _ServingModule(tf.Module):
-    def __init__(self, model: keras.Model, task: Task):
-        super().__init__()
-        self.model = model
-        self._task = task
+WARMUP_BATCH_SIZES = (1, 2, 4)  # One warmup request per size, of the first eval examples.
+EXAMPLE_REQUEST_SIZE = 2  # Instances in assets.extra/example_request.json.
 
-    def serve(self, **inputs):
+
+def _serving_function(model: keras.Model, task: Task):
+    """The signature's body: the task's serving outputs for raw inputs, their shapes checked first."""
+    specs = task.serving_signature()
+
+    def serve(**inputs):
         # A concrete function does not check the shapes it is called with: a wrong one would reach the model's ops
         # (a 3-D batch of images aborts the serving process in a convolution's shape check).
-        specs = self._task.serving_signature()
         inputs = {key: tf.ensure_shape(value, specs[key].shape) for key, value in inputs.items()}
-        return self._task.serve(self.model, inputs)
+        return task.serve(model, inputs)
+
+    return serve
 
 
-def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_device: str | None = None) -> str:
-    """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions."""
-    module = _ServingModule(model, task)
-    signature = tf.function(module.serve, input_signature=None).get_concrete_function(**task.serving_signature())
+def write_saved_model(model: keras.Model, task: Task, folder: str, *, io_device: str | None = None,
+                      examples: dict | None = None, with_tflite: bool = False) -> None:
+    """Writes the SavedModel and its assets.extra/ files (the module docstring) into the new `folder`. `examples`
+    ({input name: array [n, ...]}, raw eval examples) make the warmup and example requests; None: neither."""
+    serve, signature = _serving_function(model, task), task.serving_signature()
+    function = tf.function(serve)
+    outputs = function.get_concrete_function(**signature).structured_outputs
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(metadata.SIGNATURE, function)
+    archive.write_out(folder, options=tf.saved_model.SaveOptions(experimental_io_device=io_device), verbose=False)
+    extra = f"{folder}/{metadata.FOLDER}"
+    tf.io.gfile.makedirs(extra)
+    if examples is not None:
+        warmup.write(f"{extra}/{warmup.FILE_NAME}",
+                     [{name: values[:size] for name, values in examples.items()} for size in WARMUP_BATCH_SIZES])
+        example_request = {name: values[:EXAMPLE_REQUEST_SIZE] for name, values in examples.items()}
+        _write_text(f"{extra}/{requests.FILE_NAME}", requests.request_json(example_request))
+    output_specs = {name: tf.TensorSpec.from_tensor(value) for name, value in outputs.items()}
+    tflite_described = _write_tflite(serve, signature, output_specs, model, folder) if with_tflite else None
+    described = metadata.describe(task.serving_metadata(), signature, output_specs, tflite=tflite_described)
+    _write_text(f"{extra}/{metadata.FILE_NAME}", json.dumps(described, indent=2) + "\n")
+
+
+def _write_tflite(serve, signature: dict, outputs: dict, model: keras.Model, folder: str) -> dict:
+    """Writes folder/model.tflite if the serving graph converts; returns what the metadata says of it."""
+    try:
+        content = tflite.convert(serve, signature, [variable.value for variable in model.variables])
+    except tflite.NotConvertible as error:
+        log.warning("%s not written: %s in this task's serving graph; the SavedModel export is complete "
+                    "(docs/serving.md, LiteRT).", tflite.FILE_NAME, error)
+        return {"file": None, "reason": str(error)}
+    with tf.io.gfile.GFile(f"{folder}/{tflite.FILE_NAME}", "wb") as handle:
+        handle.write(content)
+    return {"file": tflite.FILE_NAME, "outputs": sorted(name for name, spec in outputs.items()
+                                                        if spec.dtype != tf.string)}
+
+
+def _write_text(path: str, text: str) -> None:
+    with tf.io.gfile.GFile(path, "w") as handle:
+        handle.write(text)
+
+
+def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_device: str | None = None,
+                       examples: dict | None = None, with_tflite: bool = False) -> str:
+    """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions,
+    `examples` and `with_tflite` as in write_saved_model."""
     parent, name = export_dir.rstrip("/").rsplit("/", 1)
     temporary = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        tf.saved_model.save(module, temporary, signatures={"serving_default": signature},
-                            options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
+        write_saved_model(model, task, temporary, io_device=io_device, examples=examples, with_tflite=with_tflite)
         if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again; export/best every new best.
             if tf.io.gfile.exists(f"{export_dir}/{MARKER}"):
                 tf.io.gfile.remove(f"{export_dir}/{MARKER}")  # No longer a SavedModel from here on.
@@ -77,8 +133,10 @@ def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
     """Exports `trainer`'s model with its task's signature to `export_dir`, on the device I/O its strategy needs; a
     storage failure is a StorageError naming the path, the cause and `recovery` (what is intact, what to rerun)."""
     try:
+        examples = first_examples(trainer.task, trainer.data, trainer.dataset_spec.eval_split, max(WARMUP_BATCH_SIZES))
         return export_saved_model(trainer.model, trainer.task, export_dir,
-                                  io_device=io_device_for(trainer.strategy, export_dir))
+                                  io_device=io_device_for(trainer.strategy, export_dir), examples=examples,
+                                  with_tflite=trainer.config.export_tflite)
     except tf.errors.OpError as error:
         raise StorageError(f"Exporting the SavedModel to {export_dir} failed ({describe(error)}); {recovery}") \
             from error

@@ -1,0 +1,165 @@
+"""Files a user has -> the batch an export's signature takes, checked against its metadata (serving/metadata.py).
+
+What is read depends on the signature's one input:
+- images (uint8 [batch, H, W, C]): an image file (PNG, JPEG, GIF, BMP) or a folder of them, each exactly H x W x C;
+- feature vectors (numbers [batch, D]): a CSV file, one example per row; with a header row its columns are found by
+  the metadata's feature names (other columns are ignored), without one each row holds the D values in order;
+- strings ([batch]): a text file, one example per line (blank lines skipped);
+and for any signature a .npy array (the batch, of the input's dtype or one that converts exactly) or a .json request
+`{"instances": [...]}` as Vertex AI takes it (serving/requests.py). Everything that is wrong is a ConfigError (exit 2)
+naming the file, the value and what was expected. Only images need TensorFlow (to decode them).
+"""
+
+import csv
+import json
+import os
+import re
+
+import numpy as np
+
+from common.errors import ConfigError
+from serving import requests
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+
+
+def read(path: str, metadata: dict) -> tuple[list[str], dict]:
+    """(a label per example for the output: file, row or text; {input name: array [n, ...]}) from `path`."""
+    inputs = metadata["inputs"]
+    suffix = os.path.splitext(path)[1].lower()
+    if not os.path.exists(path):
+        raise ConfigError(f"--input={path}: no such file or folder.")
+    takes_images = any(description["dtype"] == "uint8" and len(description["shape"]) == 4
+                       for description in inputs.values())
+    if os.path.isdir(path) and not (takes_images and len(inputs) == 1):
+        raise ConfigError(f"--input={path} is a folder; this export takes {', '.join(sorted(inputs))}: give a file "
+                          "(a folder is read for image exports only).")
+    if suffix == ".json":
+        labels, batch = _read_json(path, inputs)
+    else:
+        if len(inputs) != 1:
+            raise ConfigError(f"--input={path}: this export takes several inputs ({', '.join(sorted(inputs))}); give "
+                              'them as a .json request {"instances": [{...}, ...]} (docs/serving.md).')
+        name, description = next(iter(inputs.items()))
+        if suffix == ".npy":
+            labels, values = _read_npy(path, name, description)
+        elif description["dtype"] == "string":
+            labels, values = _read_lines(path)
+        elif takes_images:
+            labels, values = _read_images(path, description["shape"])
+        elif len(description["shape"]) == 2 and suffix == ".csv":
+            labels, values = _read_csv(path, description, metadata.get("feature_names"))
+        else:
+            raise ConfigError(f"--input={path}: this export takes {name!r} ({description['dtype']}, shape "
+                              f"{description['shape']}); give a {'.csv, ' if len(description['shape']) == 2 else ''}"
+                              ".npy or .json file.")
+        batch = {name: values}
+    if not labels:
+        raise ConfigError(f"--input={path} holds no examples; give at least one.")
+    return labels, batch
+
+
+def _read_json(path: str, inputs: dict) -> tuple[list[str], dict]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            request = json.load(handle)
+        batch = requests.to_batch(request, inputs)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--input={path} is not JSON ({error}); give a request {{\"instances\": [...]}}.") from None
+    except ValueError as error:
+        raise ConfigError(f"--input={path}: {error} (docs/serving.md, Vertex AI).") from None
+    return [str(index) for index in range(len(next(iter(batch.values()))))], batch
+
+
+def _read_npy(path: str, name: str, description: dict) -> tuple[list[str], np.ndarray]:
+    try:
+        values = np.load(path, allow_pickle=False)
+    except ValueError as error:  # An object array (e.g. of bytes) needs pickle, which is not loaded from files.
+        raise ConfigError(f"--input={path}: cannot read it without pickle ({error}); save strings as "
+                          "np.array([...], dtype=str).") from None
+    except OSError as error:
+        raise ConfigError(f"--input={path} is not a .npy file ({error}).") from None
+    if description["dtype"] == "string":
+        if values.dtype.kind not in "US" or values.ndim != 1:
+            raise ConfigError(f"--input={path}: {name!r} must be a 1-D array of strings; got {values.dtype} of shape "
+                              f"{values.shape}.")
+        values = np.array([value.encode("utf-8") if isinstance(value, str) else value for value in values.tolist()],
+                          dtype=object)
+    else:
+        try:
+            requests.check_shape(values, description["shape"], name)
+            values = requests.cast(values, description["dtype"], name)
+        except ValueError as error:
+            raise ConfigError(f"--input={path}: {error}.") from None
+    return [str(index) for index in range(len(values))], values
+
+
+def _read_lines(path: str) -> tuple[list[str], np.ndarray]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = [line.rstrip("\r\n") for line in handle if line.strip()]
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"--input={path} is not UTF-8 text ({error}).") from None
+    return lines, np.array([line.encode("utf-8") for line in lines], dtype=object)
+
+
+def _read_csv(path: str, description: dict, feature_names: list[str] | None) -> tuple[list[str], np.ndarray]:
+    width = description["shape"][1]
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = [(number, [cell.strip() for cell in row]) for number, row in enumerate(csv.reader(handle), start=1)
+                if any(cell.strip() for cell in row)]
+    columns, fields = list(range(width)), width
+    if rows and not all(_is_number(cell) for cell in rows[0][1]):  # A header row: the columns by name.
+        header = rows.pop(0)[1]
+        missing = [name for name in feature_names or () if name not in header]
+        if missing or not feature_names:
+            raise ConfigError(f"--input={path}: the header row lacks the feature column(s) {missing}; this export "
+                              f"reads {width} columns named {feature_names}.")
+        columns, fields = [header.index(name) for name in feature_names], len(header)
+    values = np.zeros([len(rows), width], np.float32)
+    for index, (number, row) in enumerate(rows):
+        if len(row) != fields:
+            raise ConfigError(f"--input={path}, line {number}: {len(row)} fields, expected {fields} (the "
+                              f"{'header' if fields != width else 'features'}); fix or drop the row.")
+        for position, column in enumerate(columns):
+            if not _is_number(row[column]):
+                raise ConfigError(f"--input={path}, line {number}, column {column + 1}: {row[column]!r} is not a "
+                                  "number; every feature must be one.")
+            values[index, position] = float(row[column])
+    return [f"line {number}" for number, _ in rows], values
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_images(path: str, shape: list) -> tuple[list[str], np.ndarray]:
+    """Decodes with TensorFlow (imported here, after every check that needs none)."""
+    if os.path.isdir(path):
+        files = sorted(name for name in os.listdir(path) if name.lower().endswith(IMAGE_SUFFIXES))
+        if not files:
+            raise ConfigError(f"--input={path} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
+        paths = [os.path.join(path, name) for name in files]
+    else:
+        files, paths = [path], [path]
+    import tensorflow as tf
+
+    expected = tuple(shape[1:])
+    images = []
+    for file_path in paths:
+        try:
+            image = tf.io.decode_image(tf.io.read_file(file_path), expand_animations=False).numpy()
+        except tf.errors.OpError as error:
+            # TensorFlow's message without its "{{function_node ...}}" prefix and "[Op:...]" suffix.
+            reason = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:.*", "", error.message).strip()
+            raise ConfigError(f"--input={file_path} is not an image TensorFlow can decode ({reason}); give "
+                              f"{', '.join(IMAGE_SUFFIXES)} files.") from None
+        if image.shape != expected:
+            raise ConfigError(f"--input={file_path} is {'x'.join(map(str, image.shape))} (height x width x "
+                              f"channels); this export takes {'x'.join(map(str, expected))}: resize it first.")
+        images.append(image)
+    return files, np.stack(images) if images else np.zeros([0, *expected], np.uint8)

@@ -1,0 +1,105 @@
+"""Short real training runs of each shipped task, exported as train.py exports them, for tests/test_serving.py and
+tests/test_predict.py (one per task per session: the `served` fixture in conftest.py)."""
+
+import dataclasses
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from helpers import REPO_ROOT
+
+# Each shipped task's config, shrunk to 20 steps; the tabular classifier also keeps export/best/.
+CONFIGS = {
+    "image": ("configs/default.gin", []),
+    "tabular": ("configs/experiments/breast_cancer_mlp.gin", ["BEST_METRIC='eval/accuracy'", "EVAL_EVERY=10"]),
+    "regression": ("configs/experiments/synthetic_housing_mlp.gin", []),
+    "text": ("configs/experiments/synthetic_reviews_transformer.gin", []),
+}
+STEPS = 20
+SHRUNK = [f"TRAIN_STEPS={STEPS}", "STEPS_PER_LOOP=10", "EVAL_EVERY=20", "CHECKPOINT_EVERY=20", "STRATEGY='default'",
+          "cosine.warmup_steps=5", "experiment.export_tflite=True"]
+
+
+@dataclasses.dataclass
+class ServedRun:
+    name: str
+    gin_file: str
+    params: list
+    trainer: object  # The training-time Trainer: its model is what every export must reproduce.
+    model_dir: str
+    export_logs: list  # The messages training/export.py logged.
+
+    @property
+    def export_dir(self) -> str:
+        return os.path.join(self.model_dir, "export", str(STEPS))
+
+    def eval_inputs(self, count: int = 16) -> dict:
+        """The first `count` eval examples as a client sends them, read straight from TFDS (not through serving/)."""
+        trainer = self.trainer
+        split = tfds.as_numpy(trainer.data.as_dataset(split=trainer.dataset_spec.eval_split, batch_size=-1))
+        key = {"image": "image", "text": "text"}.get(self.name, "features")
+        name = {"image": "images"}.get(self.name, key)
+        return {name: split[key][:count]}
+
+    def expected(self, inputs: dict) -> dict:
+        """The training-time model's serving outputs for raw `inputs` (eager, in this process)."""
+        outputs = self.trainer.task.serve(self.trainer.model, {name: tf.constant(value) for name, value in
+                                                               inputs.items()})
+        return {name: value.numpy() for name, value in outputs.items()}
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
+    import gin
+
+    from tpu_utils.strategy import make_strategy
+    from training import config_files, experiment
+    from training.controller import Controller
+    from training.run_directory import RunDirectory
+    from training.trainer import Trainer
+
+    gin_file, extra = CONFIGS[name]
+    params = [*SHRUNK, *extra, f"DATA_DIR='{data_dir}'"]
+    config_files.parse([gin_file], params, search_path=REPO_ROOT)
+    collect = _Collect()
+    logger = logging.getLogger("training.export")
+    logger.addHandler(collect)
+    try:
+        trainer = Trainer(experiment.experiment(), make_strategy("default"))
+        controller = Controller(trainer, RunDirectory(model_dir))
+        controller.restore()
+        controller.train_and_evaluate()
+    finally:
+        logger.removeHandler(collect)
+        gin.clear_config()
+    return ServedRun(name, gin_file, params, trainer, model_dir, collect.messages)
+
+
+def relative_difference(got: np.ndarray, expected: np.ndarray) -> float:
+    """max|a - b| / max|b| (README, replica invariance: the contract's measure), 0 for two zero tensors."""
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    difference = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
+    return difference / scale if scale else difference
+
+
+def assert_same_outputs(got: dict, expected: dict, tolerance: float = 1e-5) -> None:
+    """Float outputs within `tolerance` (relative), everything else (class ids, class names) equal."""
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        value, other = np.asarray(value), np.asarray(got[name])
+        assert other.shape == value.shape, (name, other.shape, value.shape)
+        if value.dtype.kind == "f":
+            assert relative_difference(other, value) <= tolerance, (name, relative_difference(other, value))
+        else:
+            np.testing.assert_array_equal(other, value, err_msg=name)
