@@ -10,9 +10,11 @@ complete SavedModel or does not exist (a full disk or a kill mid-export leaves n
 server to pick up). gs:// has no folder rename (TensorFlow copies object by object), so there the files are copied
 with `saved_model.pb` last, and an old version loses its `saved_model.pb` first: TF Serving and
 `tf.saved_model.load` see a folder without it as no SavedModel, so a kill mid-copy leaves nothing loadable
-half-written (the folder may hold stray variable files until the next export of that step replaces it).
+half-written (the folder may hold stray variable files until the next export of that step replaces it). A kill
+leaves the temporary folder behind: the next run removes it (training/leftovers.py).
 """
 
+import re
 import uuid
 
 import keras
@@ -20,6 +22,7 @@ import tensorflow as tf
 
 from common.errors import StorageError
 from common.storage_errors import describe
+from common.storage_paths import files_under, join, relative_to
 from tasks.base import Task
 from tpu_utils.strategy import io_device_for
 
@@ -43,13 +46,13 @@ def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_de
     module = _ServingModule(model, task)
     signature = tf.function(module.serve, input_signature=None).get_concrete_function(**task.serving_signature())
     parent, name = export_dir.rstrip("/").rsplit("/", 1)
-    temporary = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
+    temporary = join(parent, temporary_name(name))
     try:
         tf.saved_model.save(module, temporary, signatures={"serving_default": signature},
                             options=tf.saved_model.SaveOptions(experimental_io_device=io_device))
         if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again; export/best every new best.
-            if tf.io.gfile.exists(f"{export_dir}/{MARKER}"):
-                tf.io.gfile.remove(f"{export_dir}/{MARKER}")  # No longer a SavedModel from here on.
+            if tf.io.gfile.exists(join(export_dir, MARKER)):
+                tf.io.gfile.remove(join(export_dir, MARKER))  # No longer a SavedModel from here on.
             tf.io.gfile.rmtree(export_dir)
         _move(temporary, export_dir)
     finally:
@@ -59,18 +62,26 @@ def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_de
 
 
 MARKER = "saved_model.pb"  # What makes a folder a SavedModel for its readers.
+TEMPORARY = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{8}$")  # Names of temporary_name(); training/leftovers.py uses it.
+
+
+def temporary_name(name: str) -> str:
+    """The name of the folder the export `name` ('20', 'best') is written to before it moves into place."""
+    return f".{name}.tmp-{uuid.uuid4().hex[:8]}"
 
 
 def _move(source: str, target: str) -> None:
-    """Renames folder `source` to `target`; on gs:// copies its files with MARKER last (see the module docstring)."""
+    """Renames folder `source` to `target`; on gs:// copies its files with MARKER last (see the module docstring).
+    The files come from a listing, whose sub-folders end in '/' on gs://: their paths are built by
+    common/storage_paths.py, never by joining with '/' (that read 'variables//variables.data-...', no such object)."""
     if not target.startswith("gs://"):
         tf.io.gfile.rename(source, target)
         return
-    files = [f"{folder}/{name}" for folder, _, names in tf.io.gfile.walk(source) for name in names]
-    for path in sorted(files, key=lambda path: path == f"{source}/{MARKER}"):  # False first: MARKER last.
-        destination = target + path[len(source):]
+    files = {relative_to(path, source): path for path in files_under(source)}  # Name below source -> exact path.
+    for name in sorted(files, key=lambda name: name == MARKER):  # False first: MARKER last.
+        destination = join(target, name)
         tf.io.gfile.makedirs(destination.rsplit("/", 1)[0])
-        tf.io.gfile.copy(path, destination, overwrite=True)
+        tf.io.gfile.copy(files[name], destination, overwrite=True)
 
 
 def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
