@@ -61,6 +61,21 @@ def check_bucket_name(name: str, path: str) -> None:
                       "tensorflow_datasets).")
 
 
+def check_single_slashes(name: str, path: str) -> None:
+    """A ConfigError when `path` has an empty folder name ('gs://b//run', 'gs://b/a//x'; often an unset shell
+    variable): Cloud Storage keeps 'a//x' and 'a/x' apart, so the run would write where nothing else looks."""
+    bucket, _, prefix = path[len("gs://"):].partition("/")
+    if "//" not in prefix and not prefix.startswith("/"):
+        return
+    meant = "/".join(["gs:/", bucket, *filter(None, prefix.split("/"))])
+    if name == "DATA_DIR":
+        flag = f"--gin_param=\"DATA_DIR='{meant}'\""
+    else:
+        flag = f"--{name.lstrip('-')}={meant}"
+    raise ConfigError(f"{name}={path!r} has an empty folder name ('//'): Cloud Storage keeps 'a//b' and 'a/b' apart, "
+                      f"so it would hold objects under names no one means. Write single slashes: {flag}.")
+
+
 def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) -> None:
     """Checks every gs:// value of `paths` ({'DATA_DIR': ..., 'model_dir': ...}); a ConfigError on the first problem."""
     gcs_paths = {name: path for name, path in paths.items() if isinstance(path, str) and path.startswith("gs://")}
@@ -68,6 +83,7 @@ def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) ->
         return
     for name, path in gcs_paths.items():
         check_bucket_name(name, path)
+        check_single_slashes(name, path)
     client = client or default_client(gcs_paths)
     account = getattr(getattr(client, "_credentials", None), "service_account_email", None)
     who = f"the account {account}" if account else "your Application Default Credentials"

@@ -23,9 +23,17 @@ _CAUSES = (
     ("connection refused", "storage unreachable"),
     ("timed out", "storage timed out"),
     ("response code 503", "storage unavailable (503)"),
+    # TensorFlow's GCS client after its retries ("All N retry attempts failed. The last failure: ... 429 ...").
+    ("response code 429", "rate limited (429)"),
+    ("response code 401", "credentials rejected (401): expired or revoked"),
+    ("response code 500", "storage server error (500)"),
+    ("response code 502", "storage server error (502)"),
+    ("response code 504", "storage timed out (504)"),
+    ("response code 408", "storage timed out (408)"),
 )
-_HTTP_CAUSES = {403: "permission denied (403)", 404: "not found (404)", 429: "rate limited (429)",
-                503: "storage unavailable (503)"}
+_HTTP_CAUSES = {401: "credentials rejected (401): expired or revoked", 403: "permission denied (403)",
+                404: "not found (404)", 429: "rate limited (429)", 500: "storage server error (500)",
+                502: "storage server error (502)", 503: "storage unavailable (503)", 504: "storage timed out (504)"}
 _ERRNO_CAUSES = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
                  errno.EROFS: "read-only file system", errno.ENOTDIR: "not a directory", errno.EISDIR: "is a directory",
                  errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EEXIST: "a file is in the way",

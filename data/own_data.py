@@ -11,6 +11,7 @@ its source (data/own_fingerprint.py), written last, tells whether it was staged 
 import logging
 
 from common.errors import ConfigError
+from common.storage_paths import join
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,8 @@ def store(name: str, data_dir: str, features, splits: dict, *, source: dict, for
 
     from data import own_fingerprint
 
-    version_dir = f"{data_dir.rstrip('/')}/{name}/{VERSION}"
-    if tf.io.gfile.exists(f"{version_dir}/dataset_info.json"):
+    version_dir = join(data_dir, name, VERSION)
+    if tf.io.gfile.exists(join(version_dir, "dataset_info.json")):
         if not force:
             return "same" if own_fingerprint.compare(version_dir, source, name, data_dir) else "not compared"
         log.info("--force: deleting %s before storing it anew.", version_dir)

@@ -14,6 +14,7 @@ import hashlib
 import json
 
 from common.errors import ConfigError
+from common.storage_paths import join, relative_to
 
 FILE = "staged_source.json"
 # Per source flag, the flags that change what is staged from it.
@@ -46,7 +47,7 @@ def of_source(args) -> dict:
 def write(version_dir: str, fingerprint: dict) -> None:
     import tensorflow as tf
 
-    with tf.io.gfile.GFile(f"{version_dir}/{FILE}", "w") as handle:
+    with tf.io.gfile.GFile(join(version_dir, FILE), "w") as handle:
         handle.write(json.dumps(fingerprint, indent=1, sort_keys=True))
 
 
@@ -55,7 +56,7 @@ def compare(version_dir: str, fingerprint: dict, name: str, data_dir: str) -> bo
     fingerprints were kept); a ConfigError naming both sources and the fix when it was staged from another."""
     import tensorflow as tf
 
-    path = f"{version_dir}/{FILE}"
+    path = join(version_dir, FILE)
     if not tf.io.gfile.exists(path):
         return False
     try:
@@ -110,6 +111,6 @@ def _image_listing(root: str) -> str:
         for _, files in sorted(classes.items()):
             for path in files:
                 stat = tf.io.gfile.stat(path)
-                relative = path[len(root) + 1:]
+                relative = relative_to(path, root)
                 total.update(f"{relative}\t{stat.length}\t{stat.mtime_nsec}\n".encode())
     return total.hexdigest()

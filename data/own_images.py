@@ -6,6 +6,7 @@ sub-folder names of all splits (as ImageFolder orders them). Every image must ha
 import numpy as np
 
 from common.errors import ConfigError
+from common.storage_paths import join, list_folder
 from data.own_sources import check_splits
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
@@ -18,16 +19,13 @@ def list_images(root: str) -> dict[str, dict[str, list[str]]]:
     if not tf.io.gfile.isdir(root):
         raise ConfigError(f"--from_image_folder={root!r} is not a folder. Pass a folder with DIR/train/<class>/*.png "
                           "and DIR/test/<class>/*.png.")
-    listing = {split.rstrip("/"): {} for split in tf.io.gfile.listdir(root)
-               if tf.io.gfile.isdir(f"{root}/{split.rstrip('/')}")}
+    listing = {split: {} for split in list_folder(root).folders}
     check_splits(listing, f"--from_image_folder={root!r}")
     for split in listing:
-        for name in tf.io.gfile.listdir(f"{root}/{split}"):
-            folder = f"{root}/{split}/{name.rstrip('/')}"
-            if tf.io.gfile.isdir(folder):
-                listing[split][name.rstrip("/")] = sorted(
-                    f"{folder}/{file}" for file in tf.io.gfile.listdir(folder)
-                    if file.lower().endswith(IMAGE_EXTENSIONS))
+        for name in list_folder(join(root, split)).folders:
+            folder = join(root, split, name)
+            listing[split][name] = [join(folder, file) for file in list_folder(folder).files
+                                    if file.lower().endswith(IMAGE_EXTENSIONS)]
     return listing
 
 

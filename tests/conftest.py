@@ -6,8 +6,9 @@
   can run 1-8 replicas in this process (training/replica_invariance.py uses ReductionToOneDevice for that).
 - TFDS_DATA_DIR points at a per-session folder: tests build the bundled digits dataset there and never touch
   ~/tensorflow_datasets or the network.
-- gs://: the `gcs` fixture starts a real GCS API server on loopback (tests/gcs/emulator.py) on first use;
-  `gcs_bucket` gives a test a fresh bucket. TensorFlow's GCS retry settings are set before it is imported.
+- gs://: the `gcs` fixture starts a real GCS API server on loopback (tests/gcs/emulator.py) on first use, with
+  exact object names as on GCS; `gcs_bucket` gives a test a fresh bucket; `gcs_persistent` is a server that can be
+  stopped and restarted without losing objects. TensorFlow's GCS retry settings are set before it is imported.
 """
 
 import os
@@ -147,3 +148,15 @@ def gcs():
 def gcs_bucket(gcs) -> str:
     """A fresh, empty bucket's name."""
     return gcs.new_bucket()
+
+
+@pytest.fixture
+def gcs_persistent():
+    """A second GCS server whose objects survive `restart_server()` (the filesystem backend; the proxy keeps its
+    names as strict as GCS's), for a test where the server goes away and comes back. It takes over the
+    environment (proxy, CA) until the test ends."""
+    from tests.gcs.emulator import GcsEmulator
+
+    emulator = GcsEmulator(backend="filesystem").start()
+    yield emulator
+    emulator.close()

@@ -96,6 +96,20 @@ def test_the_configs_placeholder_bucket_is_named_before_credentials_or_network_a
         check_gcs_paths({"model_dir": "gs://Runs_Here/x"}, client=object())
 
 
+def test_a_gs_path_with_an_empty_folder_name_is_refused_naming_the_path_meant(gcs, gcs_bucket):
+    """'gs://b//run' (e.g. an unset $PREFIX) is the object prefix '/run/' on GCS, not 'run/': refused at start, exit 2,
+    before anything is written (the old code trained and wrote there)."""
+    result = run_train_py(*TINY, f"--model_dir=gs://{gcs_bucket}//run", timeout=120)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert (f"error: model_dir='gs://{gcs_bucket}//run' has an empty folder name ('//')" in result.stderr and
+            f"Write single slashes: --model_dir=gs://{gcs_bucket}/run." in result.stderr), result.stderr
+    assert gcs.object_names(gcs_bucket) == []
+    with pytest.raises(ConfigError, match=r"DATA_DIR='gs://my-data/a//tfds' .* --gin_param=\"DATA_DIR='gs://my-data/"
+                                          r"a/tfds'\""):
+        check_gcs_paths({"DATA_DIR": "gs://my-data/a//tfds", "model_dir": "runs/x"}, client=object())
+    check_gcs_paths({"model_dir": f"gs://{gcs_bucket}/run/"})  # Negative control: one trailing slash is fine.
+
+
 def test_without_credentials_the_error_names_the_gs_paths_that_need_them(monkeypatch):
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
@@ -121,14 +135,15 @@ def test_bucket_locations_and_tpu_regions():
     assert location_serves_region("NAM4", "us-central1") is None  # A dual-region: not judged.
 
 
-def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs, gcs_bucket, small_config,
+def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs_persistent, small_config,
                                                                              monkeypatch):
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
     from training.run_directory import RunDirectory
     from training.trainer import Trainer
 
-    model_dir = f"gs://{gcs_bucket}/run"
+    gcs = gcs_persistent  # Its objects are on disk: they come back with the server.
+    model_dir = f"gs://{gcs.new_bucket()}/run"
     trainer = Trainer(small_config(train_steps=15, steps_per_loop=5, checkpoint_every=5), make_strategy("default"))
     controller = Controller(trainer, RunDirectory(model_dir))
     controller.restore()

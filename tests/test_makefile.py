@@ -38,7 +38,7 @@ def test_the_check_names_a_moved_module_and_script():
         "tpu_utils.launch_local", "scripts/gone.py"]
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/make_it_yours.md", "docs/serving.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/make_it_yours.md", "docs/serving.md", "docs/testing.md"])
 def test_every_python_command_in_the_docs_names_a_module_or_script_that_exists(page):
     commands = " ".join(re.findall(r"python3? (?:-m [\w.]+|[\w/-]+\.py)", open(os.path.join(REPO_ROOT, page)).read()))
     assert commands and not missing_in(commands), f"{page} runs {missing_in(commands)}, which do not exist"

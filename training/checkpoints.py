@@ -22,6 +22,7 @@ from tensorflow.python.checkpoint import checkpoint_management
 
 from common.errors import ConfigError, StorageError
 from common.storage_errors import describe
+from common.storage_paths import join, list_folder
 from common.storage_wait import reporting
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class Damaged:
 def checkpoint_steps(directory: str) -> list[int]:
     """Steps of every checkpoint with at least one file (index or data shard) in `directory`, ascending."""
     try:
-        names = tf.io.gfile.listdir(directory)
+        names = list_folder(directory).files
     except tf.errors.NotFoundError:
         return []
     return sorted({int(match.group(1)) for match in map(_FILE.match, names) if match})
@@ -93,7 +94,7 @@ class CheckpointStore:
         self.latest: str | None = None  # Newest checkpoint known intact (restored or written by this process).
 
     def path(self, step: int, directory: str | None = None) -> str:
-        return tf.io.gfile.join(directory or self.read_dir, f"ckpt-{step}")
+        return join(directory or self.read_dir, f"ckpt-{step}")
 
     def has_files(self) -> bool:
         return bool(checkpoint_steps(self.read_dir))
@@ -134,8 +135,6 @@ class CheckpointStore:
         damaged_steps = {int(item.path.rsplit("-", 1)[1]) for item in damaged}
         self._kept = [kept for kept in checkpoint_steps(self.read_dir) if kept <= step and kept not in damaged_steps]
         self.latest = latest
-        if writable and self.read_dir == self.write_dir:
-            self._remove_leftovers()
         if writable and self.read_dir == self.write_dir and _read_state(self.read_dir)[:1] != [latest]:
             try:
                 self._write_state()
@@ -144,15 +143,6 @@ class CheckpointStore:
                 log.warning("Could not rewrite the checkpoint state file in %s (%s).", self.read_dir,
                             describe(error))
         return latest
-
-    def _remove_leftovers(self) -> None:
-        """Deletes `ckpt-<step>_temp*` folders: a save killed before TensorFlow merged its parts into place."""
-        for leftover in tf.io.gfile.glob(tf.io.gfile.join(self.read_dir, "ckpt-*_temp*")):
-            try:
-                tf.io.gfile.rmtree(leftover)
-                log.info("Removed %s, left by a checkpoint save that did not finish.", leftover)
-            except tf.errors.OpError as error:
-                log.warning("Could not remove %s (%s).", leftover, describe(error))
 
     def save(self, step: int) -> str:
         """Writes the checkpoint of `step`, reads it back, then deletes the oldest beyond `keep`; returns its path."""

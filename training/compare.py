@@ -16,6 +16,7 @@ import re
 import sys
 
 from common.errors import ConfigError
+from common.storage_paths import join
 
 _BINDING = re.compile(r"^([A-Za-z_][\w./]*)\s*=\s*(.*)$")
 
@@ -46,14 +47,14 @@ class Run:
         from training.run_directory import RunDirectory
 
         self.path = path.rstrip("/")
-        config_path = tf.io.gfile.join(self.path, "operative_config.gin")
+        config_path = join(self.path, "operative_config.gin")
         if not tf.io.gfile.exists(config_path):
             raise FileNotFoundError(f"{self.path} is not a run directory (no operative_config.gin): pass a model_dir "
                                     "that train.py wrote.")
         with tf.io.gfile.GFile(config_path) as handle:
             self.config = parse_operative_config(handle.read())
         self.summary = RunDirectory(self.path).read_json("metrics.json") or {}  # A ConfigError naming a corrupt one.
-        self.evals = [record for record in read_records(tf.io.gfile.join(self.path, "metrics.jsonl"))
+        self.evals = [record for record in read_records(join(self.path, "metrics.jsonl"))
                       if record["kind"] == "eval"]
 
     def best(self, metric: str, mode: str) -> tuple[float, int] | None:

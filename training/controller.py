@@ -27,6 +27,7 @@ from training.checkpoints import CheckpointStore
 from training.export import export_trainer
 from training.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.history import History
+from training.leftovers import remove_leftovers
 from training.profiling import Profiler
 from training.profiling import start_server as start_profiler_server
 from training.progress import Progress
@@ -89,7 +90,10 @@ class Controller:
 
     def restore(self, *, writable: bool = True) -> int:
         """Restores the newest intact checkpoint if there is one (after checking it belongs to this run); returns
-        the step. Damaged newer checkpoints are skipped with a warning; none intact among files is exit 2."""
+        the step. Damaged newer checkpoints are skipped with a warning; none intact among files is exit 2. The chief
+        of a run that may write model_dir first removes what a killed run left there (training/leftovers.py)."""
+        if writable and self.run_dir.is_chief:
+            remove_leftovers(self.run_dir.model_dir)
         latest = self.store.find_restorable(writable=writable and self.run_dir.is_chief)
         previous = self.run_dir.read_json("run_identity.json")
         self.run_dir.read_json("metrics.json")  # A corrupt one is exit 2 now, not after training.

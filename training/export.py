@@ -16,11 +16,13 @@ complete SavedModel or does not exist (a full disk or a kill mid-export leaves n
 server to pick up). gs:// has no folder rename (TensorFlow copies object by object), so there the files are copied
 with `saved_model.pb` last, and an old version loses its `saved_model.pb` first: TF Serving and
 `tf.saved_model.load` see a folder without it as no SavedModel, so a kill mid-copy leaves nothing loadable
-half-written (the folder may hold stray variable files until the next export of that step replaces it).
+half-written (the folder may hold stray variable files until the next export of that step replaces it). A kill
+leaves the temporary folder behind: the next run removes it (training/leftovers.py).
 """
 
 import json
 import logging
+import re
 import uuid
 
 import keras
@@ -28,6 +30,7 @@ import tensorflow as tf
 
 from common.errors import StorageError
 from common.storage_errors import describe
+from common.storage_paths import files_under, join, relative_to
 from serving import metadata, requests, tflite, warmup
 from serving.examples import first_examples
 from tasks.base import Task
@@ -63,17 +66,17 @@ def write_saved_model(model: keras.Model, task: Task, folder: str, *, io_device:
     archive.track(model)
     archive.add_endpoint(metadata.SIGNATURE, function)
     archive.write_out(folder, options=tf.saved_model.SaveOptions(experimental_io_device=io_device), verbose=False)
-    extra = f"{folder}/{metadata.FOLDER}"
+    extra = join(folder, metadata.FOLDER)
     tf.io.gfile.makedirs(extra)
     if examples is not None:
-        warmup.write(f"{extra}/{warmup.FILE_NAME}",
+        warmup.write(join(extra, warmup.FILE_NAME),
                      [{name: values[:size] for name, values in examples.items()} for size in WARMUP_BATCH_SIZES])
         example_request = {name: values[:EXAMPLE_REQUEST_SIZE] for name, values in examples.items()}
-        _write_text(f"{extra}/{requests.FILE_NAME}", requests.request_json(example_request))
+        _write_text(join(extra, requests.FILE_NAME), requests.request_json(example_request))
     output_specs = {name: tf.TensorSpec.from_tensor(value) for name, value in outputs.items()}
     tflite_described = _write_tflite(serve, signature, output_specs, model, folder) if with_tflite else None
     described = metadata.describe(task.serving_metadata(), signature, output_specs, tflite=tflite_described)
-    _write_text(f"{extra}/{metadata.FILE_NAME}", json.dumps(described, indent=2) + "\n")
+    _write_text(join(extra, metadata.FILE_NAME), json.dumps(described, indent=2) + "\n")
 
 
 def _write_tflite(serve, signature: dict, outputs: dict, model: keras.Model, folder: str) -> dict:
@@ -84,7 +87,7 @@ def _write_tflite(serve, signature: dict, outputs: dict, model: keras.Model, fol
         log.warning("%s not written: %s in this task's serving graph; the SavedModel export is complete "
                     "(docs/serving.md, LiteRT).", tflite.FILE_NAME, error)
         return {"file": None, "reason": str(error)}
-    with tf.io.gfile.GFile(f"{folder}/{tflite.FILE_NAME}", "wb") as handle:
+    with tf.io.gfile.GFile(join(folder, tflite.FILE_NAME), "wb") as handle:
         handle.write(content)
     return {"file": tflite.FILE_NAME, "outputs": sorted(name for name, spec in outputs.items()
                                                         if spec.dtype != tf.string)}
@@ -100,12 +103,12 @@ def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_de
     """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions,
     `examples` and `with_tflite` as in write_saved_model."""
     parent, name = export_dir.rstrip("/").rsplit("/", 1)
-    temporary = f"{parent}/.{name}.tmp-{uuid.uuid4().hex[:8]}"
+    temporary = join(parent, temporary_name(name))
     try:
         write_saved_model(model, task, temporary, io_device=io_device, examples=examples, with_tflite=with_tflite)
         if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again; export/best every new best.
-            if tf.io.gfile.exists(f"{export_dir}/{MARKER}"):
-                tf.io.gfile.remove(f"{export_dir}/{MARKER}")  # No longer a SavedModel from here on.
+            if tf.io.gfile.exists(join(export_dir, MARKER)):
+                tf.io.gfile.remove(join(export_dir, MARKER))  # No longer a SavedModel from here on.
             tf.io.gfile.rmtree(export_dir)
         _move(temporary, export_dir)
     finally:
@@ -115,18 +118,26 @@ def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_de
 
 
 MARKER = "saved_model.pb"  # What makes a folder a SavedModel for its readers.
+TEMPORARY = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{8}$")  # Names of temporary_name(); training/leftovers.py uses it.
+
+
+def temporary_name(name: str) -> str:
+    """The name of the folder the export `name` ('20', 'best') is written to before it moves into place."""
+    return f".{name}.tmp-{uuid.uuid4().hex[:8]}"
 
 
 def _move(source: str, target: str) -> None:
-    """Renames folder `source` to `target`; on gs:// copies its files with MARKER last (see the module docstring)."""
+    """Renames folder `source` to `target`; on gs:// copies its files with MARKER last (see the module docstring).
+    The files come from a listing, whose sub-folders end in '/' on gs://: their paths are built by
+    common/storage_paths.py, never by joining with '/' (that read 'variables//variables.data-...', no such object)."""
     if not target.startswith("gs://"):
         tf.io.gfile.rename(source, target)
         return
-    files = [f"{folder}/{name}" for folder, _, names in tf.io.gfile.walk(source) for name in names]
-    for path in sorted(files, key=lambda path: path == f"{source}/{MARKER}"):  # False first: MARKER last.
-        destination = target + path[len(source):]
+    files = {relative_to(path, source): path for path in files_under(source)}  # Name below source -> exact path.
+    for name in sorted(files, key=lambda name: name == MARKER):  # False first: MARKER last.
+        destination = join(target, name)
         tf.io.gfile.makedirs(destination.rsplit("/", 1)[0])
-        tf.io.gfile.copy(path, destination, overwrite=True)
+        tf.io.gfile.copy(files[name], destination, overwrite=True)
 
 
 def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:

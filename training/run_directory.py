@@ -24,8 +24,15 @@ import tensorflow as tf
 
 from common.errors import ConfigError, StorageError
 from common.storage_errors import describe
+from common.storage_paths import join
 
 log = logging.getLogger(__name__)
+
+
+def temporary_name(name: str) -> str:
+    """What a small file `name` is written as before it is renamed into place (a kill may leave it behind:
+    training/leftovers.py removes it)."""
+    return f".{name}.tmp"
 
 
 class RunDirectory:
@@ -42,7 +49,7 @@ class RunDirectory:
         self._scratch_dir = None
 
     def path(self, *parts: str) -> str:
-        return tf.io.gfile.join(self.model_dir, *parts)  # Also right for gs:// URLs.
+        return join(self.model_dir, *parts)
 
     @property
     def checkpoint_dir(self) -> str:
@@ -78,7 +85,7 @@ class RunDirectory:
         if not self.is_chief:
             return
         folder, _, base = name.rpartition("/")  # `name` may be in a subfolder, e.g. 'best/best.json'.
-        temporary = self.path(folder, f".{base}.tmp") if folder else self.path(f".{base}.tmp")
+        temporary = self.path(folder, temporary_name(base))
         try:
             tf.io.gfile.makedirs(self.path(folder) if folder else self.model_dir)
             with tf.io.gfile.GFile(temporary, "w") as handle:

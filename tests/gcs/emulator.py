@@ -3,10 +3,17 @@
 `GcsEmulator.start()` runs both as separate processes and points TensorFlow (https_proxy, CURL_CA_BUNDLE, a test
 token), TFDS (through TF) and google-cloud-storage (STORAGE_EMULATOR_HOST) at them via the environment, which
 subprocesses inherit. The GCS_* retry and cache settings must be in the environment before TensorFlow is imported:
-`EARLY_ENVIRONMENT`, applied by tests/conftest.py at start-up. The server keeps its objects on disk (filesystem
-backend), so `restart_server()` brings back every object written before (the "server goes away" test).
+`EARLY_ENVIRONMENT`, applied by tests/conftest.py at start-up.
+
+Object names are exact, as on GCS: the default `backend="memory"` keeps 'a//b' and 'a/b' apart. Only a test that
+stops and restarts the server needs `backend="filesystem"` (objects on disk survive `restart_server()`); that backend
+stores 'a//b' as the file 'a/b', so the proxy answers 404 for such names there (tests/gcs/proxy.py), and refuses to
+create one with either backend. `plant_object` writes straight to the server (what an old version left behind), and
+`inject_failures` makes the proxy answer N requests with an error status (429, 503, ...).
 """
 
+import http.client
+import json
 import os
 import shutil
 import socket
@@ -14,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 
 from tpu_utils.local_cluster import free_loopback_ports
@@ -42,7 +50,10 @@ def _wait_for(check, what: str, process: subprocess.Popen, timeout: float = 20) 
 
 
 class GcsEmulator:
-    def __init__(self):
+    def __init__(self, backend: str = "memory"):
+        if backend not in ("memory", "filesystem"):
+            raise ValueError(f"backend={backend!r}: 'memory' (exact names) or 'filesystem' (survives a restart)")
+        self.backend = backend
         self.directory = tempfile.mkdtemp(prefix="gcs-emulator-")
         self.server_port = free_loopback_ports(1)[0]
         self.deny_file = os.path.join(self.directory, "deny")
@@ -55,7 +66,7 @@ class GcsEmulator:
         port_file = os.path.join(self.directory, "proxy_port")
         with open(os.path.join(self.directory, "proxy.log"), "w") as log:
             self.proxy = subprocess.Popen([sys.executable, os.path.join(_HERE, "proxy.py"), str(self.server_port),
-                                           self.ca_file, self.deny_file, port_file], stdout=log, stderr=log)
+                                           self.directory, self.backend], stdout=log, stderr=log)
         _wait_for(lambda: os.path.exists(port_file), "the GCS test proxy", self.proxy)
         proxy = f"http://127.0.0.1:{open(port_file).read()}"
         environment = {"https_proxy": proxy, "HTTPS_PROXY": proxy, "CURL_CA_BUNDLE": self.ca_file,
@@ -66,12 +77,15 @@ class GcsEmulator:
         return self
 
     def start_server(self) -> None:
-        root = os.path.join(self.directory, "objects")
-        os.makedirs(root, exist_ok=True)
+        storage = ["-backend", "memory"]
+        if self.backend == "filesystem":
+            root = os.path.join(self.directory, "objects")
+            os.makedirs(root, exist_ok=True)
+            storage = ["-backend", "filesystem", "-filesystem-root", root]
         with open(os.path.join(self.directory, "server.log"), "a") as log:
             self.server = subprocess.Popen([_server_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port",
-                                            str(self.server_port), "-backend", "filesystem", "-filesystem-root", root,
-                                            "-log-level", "warn"], stdout=log, stderr=log)
+                                            str(self.server_port), *storage, "-log-level", "warn"],
+                                           stdout=log, stderr=log)
 
         def listening():
             try:
@@ -83,7 +97,8 @@ class GcsEmulator:
         _wait_for(listening, "fake-gcs-server", self.server)
 
     def stop_server(self) -> None:
-        """The server goes away (as GCS does when unreachable); objects stay on disk for restart_server()."""
+        """The server goes away (as GCS does when unreachable); with the filesystem backend the objects stay on disk
+        for restart_server()."""
         if self.server is not None:
             self.server.kill()
             self.server.wait(timeout=10)
@@ -112,6 +127,36 @@ class GcsEmulator:
 
     def object_names(self, bucket: str, prefix: str = "") -> list[str]:
         return sorted(blob.name for blob in self.client().list_blobs(bucket, prefix=prefix or None))
+
+    def plant_object(self, bucket: str, name: str, data: bytes = b"x") -> None:
+        """Writes object `name` exactly as given, straight to the server (past the proxy, which refuses to create
+        names like 'a//b'): what an older version of the code, or another tool, left in the bucket."""
+        if self.backend != "memory":
+            raise ValueError("plant_object needs the memory backend (the filesystem one cannot keep 'a//b' apart)")
+        connection = http.client.HTTPConnection("127.0.0.1", self.server_port, timeout=30)
+        connection.request("POST", f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name="
+                           f"{urllib.parse.quote(name, safe='')}", body=data,
+                           headers={"Content-Type": "application/octet-stream"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"planting {name!r} failed: {response.status} {response.read()[:200]!r}")
+
+    def inject_failures(self, pattern: str, status: int, count: int, method: str | None = None) -> str:
+        """The next `count` requests whose description matches the regex `pattern` get `status` from the proxy;
+        returns the rule's id (for failures_served). A description is 'METHOD /decoded/path?query NAMES...', the
+        names being the objects the request reads or creates (tests/gcs/object_names.py)."""
+        rule = {"id": uuid.uuid4().hex[:8], "pattern": pattern, "status": status, "count": count, "method": method}
+        with open(os.path.join(self.directory, "faults.jsonl"), "a") as handle:
+            handle.write(json.dumps(rule) + "\n")
+        return rule["id"]
+
+    def failures_served(self, rule: str) -> list[str]:
+        """The descriptions of the requests that got rule `rule`'s failure so far."""
+        try:
+            with open(os.path.join(self.directory, "faults_served.log")) as handle:
+                return [line.split(" ", 1)[1].rstrip("\n") for line in handle if line.startswith(rule + " ")]
+        except FileNotFoundError:
+            return []
 
     def close(self) -> None:
         for process in (self.proxy, self.server):

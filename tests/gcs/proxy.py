@@ -2,19 +2,28 @@
 
 TensorFlow's GCS filesystem has its endpoints compiled in (https://www.googleapis.com/..., https://storage.googleapis
 .com/) but honours `https_proxy` and `CURL_CA_BUNDLE`. This proxy accepts CONNECT for those two hosts only,
-terminates TLS with a throw-away CA (written to CA_FILE, for CURL_CA_BUNDLE), and forwards the plain HTTP requests
-to the fake server. Plain HTTP requests (google-cloud-storage with STORAGE_EMULATOR_HOST pointed here) are forwarded
-the same way, so both clients see the same rules:
+terminates TLS with a throw-away CA (written to DIRECTORY/ca.pem, for CURL_CA_BUNDLE), and forwards the plain HTTP
+requests to the fake server. Plain HTTP requests (google-cloud-storage with STORAGE_EMULATOR_HOST pointed here) are
+forwarded the same way, so both clients see the same rules:
 - drops `Transfer-Encoding: identity` (TF sends it on empty uploads; Go's net/http answers 501);
-- rewrites the `Location` of resumable-upload answers to https://www.googleapis.com/... so follow-ups come back here;
+- rewrites the `Location` of resumable-upload answers so follow-ups come back here: https://www.googleapis.com/...
+  for TF (tunnelled), http://<this proxy>/... for google-cloud-storage (whose CA bundle does not trust ours);
 - answers `GET /storage/v1/b/<bucket>/storageLayout` (TF asks before renames; the fake server says 404);
-- answers 403 to every request that writes to a bucket listed in DENY_FILE (the fake server has no permissions);
+- answers 403 to every request that writes to a bucket listed in DIRECTORY/deny (the fake server has no permissions);
+- answers 412 when a request's ifGenerationMatch/ifMetagenerationMatch does not hold (fake-gcs-server checks them
+  on uploads only, GCS on reads and deletes too);
+- answers 400 to a request that creates an object whose name has an empty segment ('a//b') or starts with '/'
+  (tests/gcs/object_names.py): GCS would store it apart from 'a/b', so no code of ours may ever form one; with the
+  filesystem BACKEND, which stores 'a//b' as the file 'a/b', every other request naming one gets 404, as on GCS
+  (with the memory backend the server keeps names exact: reads and deletes of one go through);
+- answers the failures listed in DIRECTORY/faults.jsonl (`GcsEmulator.inject_failures`: a regex, a status, a count)
+  instead of forwarding, and logs each one served to DIRECTORY/faults_served.log;
+- answers a resumable upload's status query with 308 and what was stored, as GCS does (UploadSessions);
 - answers 503 when the fake server is down (as GCS would while unreachable).
 A separate process, never a thread of the test process: TF does GCS I/O while holding the GIL.
 
-  python tests/gcs/proxy.py UPSTREAM_PORT CA_FILE DENY_FILE PORT_FILE
+  python tests/gcs/proxy.py UPSTREAM_PORT DIRECTORY BACKEND
 """
-
 import datetime
 import http.client
 import http.server
@@ -25,12 +34,14 @@ import socket
 import ssl
 import sys
 import tempfile
+import threading
 import urllib.parse
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from object_names import named_objects, unsafe_name
 
 GCS_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -63,11 +74,87 @@ def make_tls_context(ca_file: str) -> ssl.SSLContext:
     return context
 
 
+class Faults:
+    """The failures to inject (DIRECTORY/faults.jsonl, one JSON rule a line: id, pattern, status, count, method) and
+    how many of each were served (kept here, and logged to DIRECTORY/faults_served.log for the tests)."""
+
+    def __init__(self, directory: str):
+        self.rules_file = os.path.join(directory, "faults.jsonl")
+        self.served_file = os.path.join(directory, "faults_served.log")
+        self._served: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, method: str, described: str) -> dict | None:
+        """The rule that fails this request (and counts it), or None."""
+        try:
+            with open(self.rules_file) as handle:
+                rules = [json.loads(line) for line in handle if line.strip()]
+        except FileNotFoundError:
+            return None
+        with self._lock:
+            for rule in rules:
+                if rule.get("method") not in (None, method) or not re.search(rule["pattern"], described):
+                    continue
+                if self._served.get(rule["id"], 0) < rule["count"]:
+                    self._served[rule["id"]] = self._served.get(rule["id"], 0) + 1
+                    with open(self.served_file, "a") as handle:
+                        handle.write(f"{rule['id']} {described}\n")
+                    return rule
+        return None
+
+
+class UploadSessions:
+    """What each resumable upload session has stored, to answer its status query as GCS does.
+
+    A client whose data PUT failed asks how much arrived (`PUT` with `Content-Range: bytes */N` and no body). GCS
+    answers 308 with the Range stored (none: start again). fake-gcs-server answers 200 and stores an EMPTY object,
+    so TensorFlow's retried upload 'completes' with no bytes. Sessions the server has not completed get GCS's
+    answer here."""
+
+    def __init__(self):
+        self._received: dict[str, int] = {}  # upload_id -> bytes the server acknowledged (308 Range); -1 when done.
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _upload_id(path: str) -> str | None:
+        return (urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get("upload_id") or [None])[0]
+
+    def answer_status_query(self, handler, path: str, body: bytes) -> bool:
+        upload_id = self._upload_id(path)
+        if handler.command != "PUT" or not upload_id or body or \
+                not re.fullmatch(r"bytes \*/(\d+|\*)", handler.headers.get("Content-Range", "")):
+            return False
+        with self._lock:
+            received = self._received.get(upload_id, 0)
+        if received < 0:
+            return False  # Completed: the server answers with the object.
+        handler.send_response(308, "Resume Incomplete")
+        if received:
+            handler.send_header("Range", f"bytes=0-{received - 1}")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+        return True
+
+    def observe(self, path: str, response) -> None:
+        upload_id = self._upload_id(path)
+        if not upload_id:
+            return
+        stored = re.fullmatch(r"bytes=0-(\d+)", response.getheader("Range") or "")
+        with self._lock:
+            if response.status in (200, 201):
+                self._received[upload_id] = -1
+            elif response.status == 308 and stored:
+                self._received[upload_id] = int(stored.group(1)) + 1
+
+
 class Forwarder(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # Keep-alive, as the clients expect.
     upstream_port: int
     tls_context: ssl.SSLContext
     deny_file: str
+    backend: str
+    faults: Faults
+    sessions = UploadSessions()
 
     def setup(self):
         super().setup()
@@ -90,10 +177,19 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
     def _forward(self):
         body = self._read_body()
         path = urllib.parse.urlsplit(self.path)._replace(scheme="", netloc="").geturl()  # Absolute form from proxies.
-        bucket = re.match(r"(?:/upload)?/storage/v1/b/([^/?]+)", path)
-        bucket = bucket and bucket.group(1) or (re.match(r"/([^/?]+)", path) or [None, None])[1]
+        named = named_objects(self.command, path, self.headers.get("Host", ""), body,
+                              self.headers.get("Content-Type", ""))
+        bucket = named.bucket
         if self.command in _WRITES and bucket and bucket in self._denied():
             self._answer(403, {"error": {"code": 403, "message": f"test proxy: no write access to {bucket}"}})
+            return
+        if self._refused_name(named) or self._precondition_failed(named, path):
+            return
+        rule = self.faults.take(self.command, " ".join([self.command, urllib.parse.unquote(path), *named.reads,
+                                                         *named.creates]))
+        if rule is not None:
+            self._answer(rule["status"], {"error": {"code": rule["status"], "message": f"test proxy: injected "
+                                                    f"failure {rule['status']} ({rule['pattern']})"}})
             return
         headers = {key: value for key, value in self.headers.items()
                    if key.lower() not in ("transfer-encoding", "connection", "proxy-connection", "content-length")}
@@ -111,9 +207,12 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
                 else:
                     self._answer(exists.status, {"error": {"code": exists.status, "message": "no such bucket"}})
                 return
+            if self.sessions.answer_status_query(self, path, body):
+                return
             upstream.request(self.command, path, body=body, headers=headers)
             response = upstream.getresponse()
             payload = response.read()
+            self.sessions.observe(path, response)
         except OSError as error:
             self._answer(503, {"error": {"code": 503, "message": f"test proxy: GCS server unreachable ({error})"}})
             return
@@ -121,9 +220,12 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
         for key, value in response.getheaders():
             if key.lower() in ("transfer-encoding", "connection", "content-length"):
                 continue
-            if key.lower() == "location":
+            if key.lower() == "location":  # Back through here: over TLS for TF, plain for google-cloud-storage.
                 parts = urllib.parse.urlsplit(value)
-                value = urllib.parse.urlunsplit(("https", GCS_HOSTS[0], parts.path, parts.query, ""))
+                tunnelled = isinstance(self.connection, ssl.SSLSocket)
+                value = urllib.parse.urlunsplit(("https" if tunnelled else "http",
+                                                 GCS_HOSTS[0] if tunnelled else self.headers.get("Host", ""),
+                                                 parts.path, parts.query, ""))
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -131,6 +233,43 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
+
+    def _refused_name(self, named) -> bool:
+        """Answers (and returns True) a request naming an object GCS would keep apart from what the code meant."""
+        created = [name for name in named.creates if unsafe_name(name)]
+        if created:
+            self._answer(400, {"error": {"code": 400, "message": f"test proxy: refusing to create {created[0]!r}: an "
+                                         "empty path segment or a leading '/' (GCS would keep it apart from the "
+                                         "name with single slashes)"}})
+            return True
+        read = [name for name in named.reads if unsafe_name(name)]
+        if read and self.backend == "filesystem":  # That backend would answer for the file of 'a/b'.
+            self._answer(404, {"error": {"code": 404, "message": f"No such object: {named.bucket}/{read[0]}"}})
+            return True
+        return False
+
+    def _precondition_failed(self, named, path: str) -> bool:
+        """Answers 412 (and returns True) when ifGenerationMatch/ifMetagenerationMatch does not hold for the one
+        object the request names: fake-gcs-server checks them on uploads only, GCS on every request."""
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        wanted = {key: query[field][0] for key, field in (("generation", "ifGenerationMatch"),
+                                                         ("metageneration", "ifMetagenerationMatch"))
+                  if field in query}
+        objects = named.reads + named.creates
+        if not wanted or len(objects) != 1 or not named.bucket:
+            return False
+        upstream = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=30)
+        try:
+            upstream.request("GET", f"/storage/v1/b/{named.bucket}/o/{urllib.parse.quote(objects[0], safe='')}")
+            response = upstream.getresponse()
+            current = json.loads(response.read() or b"{}") if response.status == 200 else {}
+        except (OSError, ValueError):
+            return False  # The forwarded request reports the outage.
+        failed = [key for key, value in wanted.items() if str(current.get(key, 0)) != value]
+        if failed:
+            self._answer(412, {"error": {"code": 412, "message": f"test proxy: precondition failed ({failed[0]} of "
+                                         f"{objects[0]!r} is {current.get(failed[0], 0)}, not {wanted[failed[0]]})"}})
+        return bool(failed)
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -160,9 +299,11 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
-def main(upstream_port: str, ca_file: str, deny_file: str, port_file: str) -> None:
-    Forwarder.upstream_port, Forwarder.deny_file = int(upstream_port), deny_file
-    Forwarder.tls_context = make_tls_context(ca_file)
+def main(upstream_port: str, directory: str, backend: str) -> None:
+    Forwarder.upstream_port, Forwarder.backend = int(upstream_port), backend
+    Forwarder.deny_file, Forwarder.faults = os.path.join(directory, "deny"), Faults(directory)
+    Forwarder.tls_context = make_tls_context(os.path.join(directory, "ca.pem"))
+    port_file = os.path.join(directory, "proxy_port")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forwarder)
     server.daemon_threads = True
     with open(port_file + ".tmp", "w") as handle:
