@@ -59,6 +59,10 @@ class Controller:
                                      options=tf.train.CheckpointOptions(experimental_io_device=io_device_for(
                                          trainer.strategy, run_dir.checkpoint_write_dir)),
                                      verify_saves=run_dir.is_chief)
+        # Every write asks the guard first (training/storage_guard.py); a multi-worker save is collective, so one
+        # worker cannot retry it alone.
+        run_dir.guard.recovery = self.store.previous_phrase
+        run_dir.guard.retries = not is_multi_worker(trainer.strategy)
         self._all_finite = make_finite_check(self._state_variables())
         self._divergence = DivergenceMonitor()
         # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
@@ -81,10 +85,17 @@ class Controller:
         return [*self.trainer.model.variables, *self.trainer.optimizer.variables]
 
     def _save(self, step: int) -> None:
-        """Checkpoints `step` (once), never non-finite state (the loop's finite check ran just before)."""
+        """Checkpoints `step` (once), never non-finite state (the loop's finite check ran just before). The run lock
+        is read back first; a failing storage is retried (training waits) for experiment.storage_timeout_seconds."""
         if step == self._saved_step:
             return
-        self.store.save(step)
+        guard = self.run_dir.guard
+
+        def attempt():
+            guard.check(confirm=True)
+            return self.store.save(step)
+
+        guard.retry(f"the checkpoint save of step {step}", attempt)
         self._saved_step = step
 
     def restore(self, *, writable: bool = True) -> int:
@@ -139,6 +150,7 @@ class Controller:
                     self._save(trainer.step)
                     self.export()
                     self._stop_if_requested(f"after the export of step {trainer.step}")
+                    self.history.flush()  # Records kept through a storage failure: written, or a StorageError.
         finally:  # Also on a stop (exit 3) or a failure: the TensorBoard events written so far reach storage.
             self.summaries.flush()
         self._check_replicas_agree()
@@ -225,8 +237,9 @@ class Controller:
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        export_trainer(self.trainer, path, recovery=f"nothing was left there. The checkpoint "
-                       f"{self.store.latest or '(none)'} is intact: fix the storage, then rerun with --mode=export.")
+        self.run_dir.guard.retry(f"the export to {path}", lambda: export_trainer(
+            self.trainer, path, recovery=f"nothing was left there. The checkpoint {self.store.latest or '(none)'} is "
+            "intact: fix the storage, then rerun with --mode=export."))
         if self.run_dir.is_chief:
             log.info("Exported SavedModel to %s", path)
         return path
