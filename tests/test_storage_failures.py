@@ -368,3 +368,18 @@ def test_an_outage_at_start_up_is_a_storage_error_wherever_it_happens(gcs, gcs_b
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "did not answer" in errors[0] and "Traceback" not in result.stderr, result.stderr
     assert seconds < 120, seconds
+
+
+def test_a_profiler_trace_is_discarded_once_the_run_may_not_write(tmp_path):
+    """The trace is written at its end: after the run lost its lock (or its storage), it must not be."""
+    import tensorflow as tf
+
+    from training.profiling import Profiler
+
+    for may_write, folder in ((False, tmp_path / "lost"), (True, tmp_path / "held")):
+        profiler = Profiler((0, 5), str(folder), may_write=lambda may_write=may_write: may_write)
+        profiler.before_loop(0, 5)
+        tf.reduce_sum(tf.range(10)).numpy()
+        profiler.after_loop(5)
+    assert not (tmp_path / "lost").exists()
+    assert list((tmp_path / "held" / "plugins" / "profile").iterdir())  # Negative control: written when it may.

@@ -17,7 +17,7 @@ import time
 
 import tensorflow as tf
 
-from common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from common.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
 from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
@@ -77,9 +77,17 @@ class Controller:
                                mode=config.best_mode if config.best_metric else "auto",
                                evaluated=("loss", *(metric.name for metric in trainer.eval_metrics)))
         self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
-        self.profiler = Profiler(config.profile_steps, run_dir.model_dir,
-                                 enabled=run_dir.is_chief)
+        self.profiler = Profiler(config.profile_steps, run_dir.model_dir, enabled=run_dir.is_chief,
+                                 may_write=self._may_write)
         self._profiler_port = config.profiler_port if run_dir.is_chief else 0
+
+    def _may_write(self) -> bool:
+        """Whether this run may still write model_dir (its lock held, its storage not failing for too long)."""
+        try:
+            self.run_dir.guard.check()
+        except StorageError:
+            return False
+        return True
 
     def _state_variables(self) -> list:
         return [*self.trainer.model.variables, *self.trainer.optimizer.variables]
