@@ -6,8 +6,8 @@
 
   python train.py --gin_file=configs/tpu/cifar10_resnet_v3_8.gin --preflight   # check a TPU config on CPU
 
-Exit codes: 0 done, 2 bad input or config, 3 interrupted (checkpoint saved), 4 non-finite loss, 5 preflight failed
-(see README.md, "Exit codes").
+Exit codes: 0 done, 2 bad input or config, 3 interrupted (checkpoint saved), 4 non-finite loss, 5 preflight failed,
+6 storage failed (rerun once it is back), 1 a bug (see README.md, "Exit codes").
 """
 
 import argparse
@@ -51,8 +51,12 @@ def main(argv: list[str]) -> int:
 
 def _main(argv: list[str]) -> int:
     args = parse_args(argv[1:])
-    # Before TensorFlow loads: keep its C++ INFO lines off a newcomer's first screen (set it to 0 to see them).
+    # Before TensorFlow loads: keep its C++ INFO lines off a newcomer's first screen (set it to 0 to see them), and
+    # let its gs:// client give up on a failing request in ~20 s rather than ~3 minutes (common/gcs_retries.py).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    from common import gcs_retries
+
+    gcs_retries.set_defaults()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     for package in ("training", "tpu_utils", "data", "models"):  # Our progress lines; libraries stay at WARNING.
         logging.getLogger(package).setLevel(logging.INFO)
@@ -69,6 +73,7 @@ def _main(argv: list[str]) -> int:
         TrainingInterrupted,
         user_message,
     )
+    from common.storage_errors import outage_message
     from training import config_files
 
     gin_files = args.gin_file or [DEFAULT_GIN_FILE]
@@ -88,6 +93,12 @@ def _main(argv: list[str]) -> int:
         print("error: stopped by a second interrupt, before the current step's checkpoint was written; the "
               "checkpoints saved before are intact.", file=sys.stderr, flush=True)
         return TrainingInterrupted.exit_code
+    except Exception as error:  # noqa: BLE001 - only a storage outage is answered here; anything else is a bug.
+        message = outage_message(error, REPO_ROOT)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        return StorageError.exit_code
     print(f"final: {result}", flush=True)
     return 0
 
@@ -99,8 +110,13 @@ def exit_process(code: int) -> None:
     """Ends the process with `code`. A worker of a multi-worker job (TF_CONFIG set) ends in bounded time: a worker
     was seen hanging in the interpreter's teardown after its last checkpoint (not reproduced: once in four stops of
     a 10-minute two-worker run), so its exit handlers (e.g. AutoGraph's temporary files) run in a thread for at most
-    TEARDOWN_SECONDS, and the process then ends without waiting on anything else. Every file is written by now."""
-    if not os.environ.get("TF_CONFIG"):
+    TEARDOWN_SECONDS, and the process then ends without waiting on anything else. Every file is written by now.
+    A run ended by a storage failure (exit 6) ends the same way: the interpreter's teardown would destroy its
+    TensorBoard writers, and each flushes into the failing storage (minutes of TensorFlow's retries each), or into
+    a model_dir whose lock this run has lost."""
+    from common.errors import EXIT_STORAGE_FAILED
+
+    if not os.environ.get("TF_CONFIG") and code != EXIT_STORAGE_FAILED:
         sys.exit(code)
     teardown = threading.Thread(target=atexit._run_exitfuncs, name="exit-handlers", daemon=True)
     teardown.start()

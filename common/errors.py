@@ -1,6 +1,11 @@
 """Error types that carry the process exit codes listed in README.md, "Exit codes".
 
 `train.py` maps each one to its exit code; everything else is a bug and exits 1 with a traceback.
+
+Why storage failures have a code of their own (6) rather than 1: a supervisor (scripts/tpu_vm.py, a Kubernetes
+restart policy, a Slurm requeue) decides from the exit code alone whether a rerun can help. A storage failure is
+worth a rerun (the storage comes back; the run resumes from its last checkpoint); a bug is not, and Python exits 1
+for any uncaught exception, so 1 alone cannot tell the two apart without parsing the log.
 """
 
 EXIT_OK = 0
@@ -8,6 +13,7 @@ EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 3
 EXIT_NON_FINITE_LOSS = 4
 EXIT_PREFLIGHT_FAILED = 5
+EXIT_STORAGE_FAILED = 6
 
 
 def user_message(error: BaseException) -> str:
@@ -47,9 +53,7 @@ class TrainingInterrupted(RuntimeError):
 
 
 class StorageError(RuntimeError):
-    """Writing to model_dir failed mid-run (e.g. GCS unreachable); earlier checkpoints, if any, are intact (exit 1).
+    """The storage failed (model_dir or DATA_DIR unreachable, full, or the run lock lost): nothing was written after
+    the run knew, and the checkpoints saved before are intact (exit code 6). A rerun resumes once it is fixed."""
 
-    Not one of the documented codes 2-5: it is neither the config's fault nor an interruption the run planned for.
-    """
-
-    exit_code = 1
+    exit_code = EXIT_STORAGE_FAILED

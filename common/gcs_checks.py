@@ -5,7 +5,9 @@ it (a probe object is created under the path and deleted), and when the TPU's zo
 (`experiment.tpu_zone`) the bucket is in that region (cross-region reads are slow and billed). Credentials are
 Application Default Credentials only (`gcloud auth application-default login`, a TPU VM's service account, Colab's
 `auth.authenticate_user()`); nothing about them is printed except the account's e-mail where it has one.
-A failure is a ConfigError (exit 2) that names the bucket and the fix, before any TPU time is spent.
+A failure is a ConfigError (exit 2) that names the bucket and the fix, before any TPU time is spent; a bucket that
+does not answer (unreachable, 5xx, 429) is a StorageError (exit 6: a rerun can succeed), after retries bounded by
+`timeout_seconds` (experiment.storage_timeout_seconds).
 """
 
 import logging
@@ -13,7 +15,8 @@ import os
 import re
 import uuid
 
-from common.errors import ConfigError
+from common.errors import ConfigError, StorageError
+from common.storage_errors import describe, transient
 from common.storage_wait import reporting
 
 log = logging.getLogger(__name__)
@@ -76,8 +79,9 @@ def check_single_slashes(name: str, path: str) -> None:
                       f"so it would hold objects under names no one means. Write single slashes: {flag}.")
 
 
-def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) -> None:
-    """Checks every gs:// value of `paths` ({'DATA_DIR': ..., 'model_dir': ...}); a ConfigError on the first problem."""
+def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None, timeout_seconds: float = 120) -> None:
+    """Checks every gs:// value of `paths` ({'DATA_DIR': ..., 'model_dir': ...}); a ConfigError on the first problem,
+    a StorageError when a bucket does not answer for `timeout_seconds`."""
     gcs_paths = {name: path for name, path in paths.items() if isinstance(path, str) and path.startswith("gs://")}
     if not gcs_paths:
         return
@@ -89,19 +93,30 @@ def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None) ->
     who = f"the account {account}" if account else "your Application Default Credentials"
     for name, path in gcs_paths.items():
         with reporting(f"gs://{split_gs_path(path)[0]} ({name})"):
-            _check_bucket(client, name, path, who, tpu_zone)
+            try:
+                _check_bucket(client, name, path, who, tpu_zone, timeout_seconds)
+            except Exception as error:  # noqa: BLE001 - google-cloud-storage and requests errors alike.
+                if isinstance(error, ConfigError) or not transient(error):
+                    raise
+                raise StorageError(f"{name}={path!r}: gs://{split_gs_path(path)[0]} did not answer for "
+                                   f"{timeout_seconds:g} s ({describe(error, 200)}). Nothing was written: rerun the "
+                                   "same command once the storage answers.") from error
 
 
-def _check_bucket(client, name: str, path: str, who: str, tpu_zone: str | None) -> None:
+def _check_bucket(client, name: str, path: str, who: str, tpu_zone: str | None, timeout_seconds: float) -> None:
     """The checks of check_gcs_paths for one path; a ConfigError on the first problem."""
     from google.api_core import exceptions
+    from google.cloud.storage.retry import DEFAULT_RETRY
 
+    retry = DEFAULT_RETRY.with_timeout(timeout_seconds)  # A bucket that does not answer: a StorageError after this.
     bucket_name, prefix = split_gs_path(path)
     try:
-        bucket = client.lookup_bucket(bucket_name)
+        bucket = client.lookup_bucket(bucket_name, timeout=30, retry=retry)
     except exceptions.Forbidden:
         bucket = client.bucket(bucket_name)  # Listing buckets may be denied while writing is allowed.
     except exceptions.GoogleAPIError as error:
+        if transient(error):
+            raise
         raise ConfigError(f"{name}={path!r}: could not reach bucket gs://{bucket_name} ({error}).") from error
     if bucket is None:
         raise ConfigError(f"{name}={path!r}: bucket gs://{bucket_name} does not exist (or {who} cannot see it). "
@@ -109,14 +124,16 @@ def _check_bucket(client, name: str, path: str, who: str, tpu_zone: str | None) 
                           "--location=REGION.")
     probe = bucket.blob("/".join(filter(None, [prefix, f".write-probe-{uuid.uuid4().hex}"])))
     try:
-        probe.upload_from_string(b"", timeout=30)
-        probe.delete(timeout=30)
+        probe.upload_from_string(b"", timeout=30, retry=retry)
+        probe.delete(timeout=30, retry=retry)
     except exceptions.Forbidden as error:
         raise ConfigError(f"{name}={path!r}: {who} cannot write to gs://{bucket_name} (403). Grant it "
                           f"roles/storage.objectAdmin on the bucket (gcloud storage buckets add-iam-policy-binding "
                           f"gs://{bucket_name} --member=... --role=roles/storage.objectAdmin), or use a bucket "
                           "you can write to.") from error
     except exceptions.GoogleAPIError as error:
+        if transient(error):
+            raise
         raise ConfigError(f"{name}={path!r}: writing a test object to gs://{bucket_name} failed ({error}).") \
             from error
     if tpu_zone and bucket.location:

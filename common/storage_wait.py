@@ -34,3 +34,8 @@ def reporting(what: str, every: float = PROGRESS_SECONDS):
     finally:
         done.set()
         thread.join(timeout=1)
+
+
+def reporting_on_gcs(what: str, path: str, every: float = PROGRESS_SECONDS):
+    """`reporting(what)` for a gs:// `path`; nothing for a local one (a local write does not wait on a network)."""
+    return reporting(what, every) if path.startswith("gs://") else contextlib.nullcontext()

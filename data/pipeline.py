@@ -29,8 +29,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from common.errors import ConfigError, shorten
-from common.storage_errors import describe
+from common.errors import ConfigError, StorageError, shorten
+from common.storage_errors import describe, transient
 from data import downloads, shard_stream
 from data.registry import DatasetSpec, stage_name
 
@@ -115,7 +115,13 @@ def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBu
             if not builder.is_prepared():
                 raise
             log.info("%r was prepared by another process meanwhile; using it.", spec.tfds_name)
-    except (OSError, tf.errors.OpError) as error:  # Not a directory, permission denied, disk full, ...
+    except (OSError, tf.errors.OpError, RuntimeError) as error:  # Not a directory, permission denied, disk full, ...
+        if isinstance(error, RuntimeError) and not transient(error):  # TFDS wraps what it met in a RuntimeError.
+            raise
+        if transient(error) and str(data_dir).startswith("gs://"):  # The bucket did not answer: a rerun can work.
+            raise StorageError(f"DATA_DIR={data_dir!r} did not answer while reading {spec.tfds_name!r} "
+                               f"({describe(error)}). Nothing was written: rerun the same command once it "
+                               "answers.") from error
         raise ConfigError(f"DATA_DIR={data_dir!r} cannot be used for {spec.tfds_name!r} ({describe(error)}). Pass a "
                           "DATA_DIR you can write to (TFDS prepares the dataset there once), e.g. "
                           "--gin_param=\"DATA_DIR='~/tensorflow_datasets'\".") from error

@@ -23,13 +23,13 @@ Steps (each a `gcloud compute tpus ...` command):
     (`TPU=<name>`, `TPU_LOAD_LIBRARY=0`); their TPU runtime must be a `-pod` runtime of the same TensorFlow as
     requirements-tpu.txt, or `--tpu_server_image` realigns every host's TPU server; otherwise nothing is created;
  4. with `--max_restarts N`, every interruption it can recognise is resumed from the checkpoint: exit 3 (train.py
-    stopped by SIGTERM), death by SIGTERM (143), a job that vanished without an exit code, a preempted or deleted
-    TPU (recreated and reinstalled first);
+    stopped by SIGTERM), exit 6 (train.py stopped by a storage failure), death by SIGTERM (143), a job that vanished
+    without an exit code, a preempted or deleted TPU (recreated and reinstalled first);
  5. delete the TPU only when the job has ended (done, failed, or restarts used up), or on Ctrl-C once the job has
     confirmed it stopped (SIGTERM: it checkpoints and exits 3). A TPU whose job may still be running is kept, with
     the command to delete it. `--keep` always keeps it.
-The exit code is the training command's (0 done, 2 config error, 3 interrupted, 4 non-finite loss), 1 if the launch
-itself failed, 2 for bad launcher flags.
+The exit code is the training command's (0 done, 2 config error, 3 interrupted, 4 non-finite loss, 6 storage
+failed), 1 if the launch itself failed, 2 for bad launcher flags.
 """
 
 import argparse
@@ -45,7 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
 
-from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED  # noqa: E402
+from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_STORAGE_FAILED  # noqa: E402
 from tpu_utils.tpu.facts import RuntimeFacts  # noqa: E402
 from tpu_utils.tpu.gcloud import Gcloud, LauncherError, flag_problem  # noqa: E402
 from tpu_utils.tpu.generations import parse_accelerator_type  # noqa: E402
@@ -69,7 +69,9 @@ INSTALL = ("sudo apt-get update -qq && sudo apt-get install -y -qq python3.11 py
 ALIGN_TPU_SERVER = ("sudo sed -i 's|TF_DOCKER_URL=[^\" ]*|TF_DOCKER_URL={image}|' {unit} && grep -q {image} {unit} && "
                     "sudo systemctl daemon-reload && sudo systemctl restart tpu-runtime")
 TPU_RUNTIME_UNIT = "/etc/systemd/system/tpu-runtime.service"
-RETRYABLE_EXIT_CODES = (EXIT_INTERRUPTED, 143, -15)  # train.py's SIGTERM exit; killed by SIGTERM (shell, Python).
+# train.py's SIGTERM exit; its storage failure (a rerun resumes once the bucket answers); killed by SIGTERM (shell,
+# Python). Exit 1 (a bug) and 2 (bad input) would fail the same way again.
+RETRYABLE_EXIT_CODES = (EXIT_INTERRUPTED, EXIT_STORAGE_FAILED, 143, -15)
 GONE_STATES = ("PREEMPTED", "TERMINATED", "NOT_FOUND")
 _TF_RUNTIME = re.compile(r"tpu-vm-tf-(\d+\.\d+)[.\w]*?(-pod)?(?:-pjrt|-se)?")
 

@@ -225,6 +225,16 @@ def test_an_interruption_is_resumed_then_the_tpu_is_deleted(fake_gcloud, interru
                                "tpu-vm:delete"]
 
 
+def test_a_storage_failure_is_rerun_and_a_crash_is_not(fake_gcloud):
+    """train.py exits 6 when the storage failed (the rerun resumes once it answers) and 1 for a bug: only the first
+    is worth a restart."""
+    result, verbs = fake_gcloud({}, [{"lines": 3, "exit": 6}, {"lines": 2, "exit": 0}], "--max_restarts=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exited with 6" in result.stdout and "restart 1 of 1" in result.stdout
+    crash, _ = fake_gcloud({}, [{"lines": 3, "exit": 1}, {"lines": 2, "exit": 0}], "--max_restarts=1")
+    assert crash.returncode == 1 and "a failure a rerun would repeat; not restarting" in crash.stdout
+
+
 def test_restarts_used_up_end_with_the_interruption_code(fake_gcloud):
     result, verbs = fake_gcloud({}, [{"lines": 1, "exit": 3}, {"lines": 1, "exit": 3}], "--max_restarts=1")
     assert result.returncode == 3 and "no restarts left (--max_restarts=1)" in result.stdout

@@ -11,7 +11,6 @@ them. "Intact" means the index and every data shard read back with matching chec
 tensor's crc32c on read) and every floating-point value is finite.
 """
 
-import contextlib
 import dataclasses
 import logging
 import re
@@ -21,9 +20,9 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from common.errors import ConfigError, StorageError
-from common.storage_errors import describe
+from common.storage_errors import describe, transient
 from common.storage_paths import join, list_folder
-from common.storage_wait import reporting
+from common.storage_wait import reporting_on_gcs
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +40,19 @@ class Damaged:
 def checkpoint_steps(directory: str) -> list[int]:
     """Steps of every checkpoint with at least one file (index or data shard) in `directory`, ascending."""
     try:
-        names = list_folder(directory).files
-    except tf.errors.NotFoundError:
-        return []
+        try:
+            names = list_folder(directory).files
+        except tf.errors.NotFoundError:
+            # TensorFlow's gs:// client says "Could not find directory" also when the bucket does not answer: a
+            # run would start afresh beside its checkpoints. `exists` tells the two apart (it raises then).
+            if not tf.io.gfile.exists(directory):
+                return []
+            raise
+    except tf.errors.OpError as error:
+        if not transient(error) and not isinstance(error, tf.errors.NotFoundError):
+            raise
+        raise StorageError(f"Listing the checkpoints in {directory} failed ({describe(error)}): nothing was changed. "
+                           "Rerun the same command once the storage answers: the run resumes from them.") from error
     return sorted({int(match.group(1)) for match in map(_FILE.match, names) if match})
 
 
@@ -119,7 +128,7 @@ class CheckpointStore:
         `writable`, the state file is rewritten to name the verified checkpoints, so CheckpointManager readers,
         TensorBoard and `tf.train.latest_checkpoint` agree with what is restored.
         """
-        with _waiting(f"the checkpoints in {self.read_dir} to be read back", self.read_dir):
+        with reporting_on_gcs(f"the checkpoints in {self.read_dir} to be read back", self.read_dir):
             latest, damaged = self.newest_intact()
         for item in damaged:
             log.warning("Checkpoint %s is damaged (%s): skipped%s.", item.path, item.reason,
@@ -147,7 +156,7 @@ class CheckpointStore:
     def save(self, step: int) -> str:
         """Writes the checkpoint of `step`, reads it back, then deletes the oldest beyond `keep`; returns its path."""
         path = self.path(step, self.write_dir)
-        with _waiting(f"the checkpoint save to {path}", path):
+        with reporting_on_gcs(f"the checkpoint save to {path}", path):
             return self._save(step, path)
 
     def _save(self, step: int, path: str) -> str:
@@ -157,7 +166,7 @@ class CheckpointStore:
             reason = verify(path) if self.verify_saves else None
             if reason is not None:
                 raise StorageError(f"The checkpoint of step {step} was written to {path} but reads back damaged "
-                                   f"({reason}). {self._previous_phrase()} Check the storage, then rerun.")
+                                   f"({reason}). {self.previous_phrase()} Check the storage, then rerun.")
             kept = [kept for kept in self._kept if kept != step] + [step]
             self._kept, dropped = kept[-self.keep:], kept[:-self.keep]
             self._write_state()  # Names only the kept ones, then the oldest go: never before the new one read back.
@@ -165,11 +174,12 @@ class CheckpointStore:
                 self._delete(old)
         except tf.errors.OpError as error:
             raise StorageError(f"Saving the checkpoint of step {step} to {self.write_dir} failed ({describe(error)})."
-                               f" {self._previous_phrase()}") from error
+                               f" {self.previous_phrase()}") from error
         self.latest = path
         return path
 
-    def _previous_phrase(self) -> str:
+    def previous_phrase(self) -> str:
+        """What is intact and how to resume, for the message of a failure."""
         if self.latest:
             return f"The previous checkpoint ({self.latest}) is intact: rerun the same command to resume from it."
         return "No earlier checkpoint of this run exists: a rerun starts from step 0."
@@ -184,11 +194,6 @@ class CheckpointStore:
     def _delete(self, step: int) -> None:
         for name in tf.io.gfile.glob(self.path(step, self.write_dir) + ".*"):
             tf.io.gfile.remove(name)
-
-
-def _waiting(what: str, path: str):
-    """Progress lines while gs:// is slow (common/storage_wait.py); nothing for local paths."""
-    return reporting(what) if path.startswith("gs://") else contextlib.nullcontext()
 
 
 def _read_state(directory: str) -> list[str]:

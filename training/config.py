@@ -9,6 +9,7 @@ import dataclasses
 import math
 
 from common.errors import ConfigError
+from training.storage_guard import DEFAULT_TIMEOUT_SECONDS
 
 # The fields configs/base.gin binds to a macro of the same name in upper case (README.md, "Macros"): an error names
 # them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py checks this
@@ -54,6 +55,8 @@ class ExperimentConfig:
     tpu_zone: str | None = None  # e.g. 'us-central1-b': gs:// buckets must be in its region (checked at start).
     target_replicas: int = 0  # Replicas the config is written for (TPU configs: 8 on a v3-8); 0 = not declared.
     startup_timeout_seconds: int = 300  # Waiting for the other workers of TF_CONFIG (or a TPU) before giving up.
+    # How long a run waits for failing storage (retrying, with a line per retry) before it stops with exit 6.
+    storage_timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
     best_metric: str | None = None  # e.g. 'eval/accuracy': keep and export the best checkpoint by it; None = off.
     best_mode: str = "auto"  # 'max', 'min', or 'auto' (min for losses and errors).
     profile_steps: tuple[int, int] | None = None  # (start, stop): a profiler trace of those steps; None = off.
@@ -80,7 +83,7 @@ class ExperimentConfig:
                               f"{how_to_set('best_metric', 'eval/accuracy')} or 'eval/loss'.")
         object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
         for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep",
-                     "startup_timeout_seconds"):
+                     "startup_timeout_seconds", "storage_timeout_seconds"):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("checkpoint_every", "eval_every", "virtual_devices", "target_replicas"):
             _require_int(name, getattr(self, name), minimum=0)

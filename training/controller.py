@@ -17,7 +17,7 @@ import time
 
 import tensorflow as tf
 
-from common.errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from common.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
 from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
@@ -60,6 +60,10 @@ class Controller:
                                      options=tf.train.CheckpointOptions(experimental_io_device=io_device_for(
                                          trainer.strategy, run_dir.checkpoint_write_dir)),
                                      verify_saves=run_dir.is_chief)
+        # Every write asks the guard first (training/storage_guard.py); a multi-worker save is collective, so one
+        # worker cannot retry it alone.
+        run_dir.guard.recovery = self.store.previous_phrase
+        run_dir.guard.retries = not is_multi_worker(trainer.strategy)
         self._all_finite = make_finite_check(self._state_variables())
         self._divergence = DivergenceMonitor()
         # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
@@ -74,18 +78,33 @@ class Controller:
                                mode=config.best_mode if config.best_metric else "auto",
                                evaluated=("loss", *(metric.name for metric in trainer.eval_metrics)))
         self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
-        self.profiler = Profiler(config.profile_steps, run_dir.model_dir,
-                                 enabled=run_dir.is_chief)
+        self.profiler = Profiler(config.profile_steps, run_dir.model_dir, enabled=run_dir.is_chief,
+                                 may_write=self._may_write)
         self._profiler_port = config.profiler_port if run_dir.is_chief else 0
+
+    def _may_write(self) -> bool:
+        """Whether this run may still write model_dir (its lock held, its storage not failing for too long)."""
+        try:
+            self.run_dir.guard.check()
+        except StorageError:
+            return False
+        return True
 
     def _state_variables(self) -> list:
         return [*self.trainer.model.variables, *self.trainer.optimizer.variables]
 
     def _save(self, step: int) -> None:
-        """Checkpoints `step` (once), never non-finite state (the loop's finite check ran just before)."""
+        """Checkpoints `step` (once), never non-finite state (the loop's finite check ran just before). The run lock
+        is read back first; a failing storage is retried (training waits) for experiment.storage_timeout_seconds."""
         if step == self._saved_step:
             return
-        self.store.save(step)
+        guard = self.run_dir.guard
+
+        def attempt():
+            guard.check(confirm=True)
+            return self.store.save(step)
+
+        guard.retry(f"the checkpoint save of step {step}", attempt)
         self._saved_step = step
 
     def restore(self, *, writable: bool = True) -> int:
@@ -143,6 +162,7 @@ class Controller:
                     self._save(trainer.step)
                     self.export()
                     self._stop_if_requested(f"after the export of step {trainer.step}")
+                    self.history.flush()  # Records kept through a storage failure: written, or a StorageError.
         finally:  # Also on a stop (exit 3) or a failure: the TensorBoard events written so far reach storage.
             self.summaries.flush()
         self._check_replicas_agree()
@@ -229,8 +249,9 @@ class Controller:
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        export_trainer(self.trainer, path, recovery=f"nothing was left there. The checkpoint "
-                       f"{self.store.latest or '(none)'} is intact: fix the storage, then rerun with --mode=export.")
+        self.run_dir.guard.retry(f"the export to {path}", lambda: export_trainer(
+            self.trainer, path, recovery=f"nothing was left there. The checkpoint {self.store.latest or '(none)'} is "
+            "intact: fix the storage, then rerun with --mode=export."))
         if self.run_dir.is_chief:
             log.info("Exported SavedModel to %s", path)
         return path

@@ -13,6 +13,7 @@ import gin
 
 from common.errors import ConfigError, StorageError
 from common.gcs_checks import check_gcs_paths
+from common.storage_errors import transient
 from models.registry import get_model_builder
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
@@ -20,6 +21,7 @@ from training import run_lock, stop_signals
 from training.config import ExperimentConfig
 from training.controller import Controller
 from training.run_directory import RunDirectory
+from training.storage_guard import StorageGuard
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,8 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     stop_signals.stop_if_requested("before training started")
     config = experiment()  # All fields come from gin (configs/base.gin binds them to the README's macros).
     # Buckets first: a missing or read-only bucket must not cost a TPU start-up or a training loop.
-    check_gcs_paths({"DATA_DIR": config.data_dir, "model_dir": model_dir}, tpu_zone=config.tpu_zone)
+    check_gcs_paths({"DATA_DIR": config.data_dir, "model_dir": model_dir}, tpu_zone=config.tpu_zone,
+                    timeout_seconds=config.storage_timeout_seconds)
     stop_signals.stop_if_requested("before training started")
     strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices, tpu=config.tpu,
                              startup_timeout_seconds=config.startup_timeout_seconds)
@@ -47,7 +50,8 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
         log.warning("This config is written for %d replicas and runs on %d: same global batch and learning rate, so "
                     "the result should match, but the per-replica batch and speed differ.", config.target_replicas,
                     strategy.num_replicas_in_sync)
-    run_dir = RunDirectory(model_dir, is_chief=is_chief(strategy))
+    run_dir = RunDirectory(model_dir, is_chief=is_chief(strategy),
+                           guard=StorageGuard(timeout_seconds=config.storage_timeout_seconds))
     with _lock_for(mode, run_dir) as writable:
         try:
             stop_signals.stop_if_requested("before training started")
@@ -66,7 +70,9 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
                 return _evaluate(controller, recorded=writable)
             try:
                 return {"step": trainer.step, "export": controller.export()}
-            except StorageError as error:  # Nothing trained: the storage is the input that is wrong.
+            except StorageError as error:  # Nothing trained: the storage is the input that is wrong ...
+                if transient(error) or not run_dir.guard.writable:  # ... unless it is down, or the lock lost.
+                    raise
                 raise ConfigError(str(error)) from error
         finally:
             run_dir.cleanup()
@@ -77,7 +83,8 @@ def _lock_for(mode: str, run_dir: RunDirectory):
     """Yields whether this process may write model_dir: the chief holds the run lock for the body. --mode=eval on a
     model_dir it cannot write, or that a training run holds, still evaluates and prints the metrics (without
     recording them)."""
-    lock = run_lock.make_lock(run_dir.model_dir) if run_dir.is_chief else None
+    lock = run_lock.make_lock(run_dir.model_dir, storage_timeout_seconds=run_dir.guard.timeout_seconds) \
+        if run_dir.is_chief else None
     if lock is not None:
         try:
             lock.acquire()
@@ -86,6 +93,8 @@ def _lock_for(mode: str, run_dir: RunDirectory):
                 raise
             log.warning("%s Evaluating without recording metrics.json.", error)
             lock = None
+    if lock is not None:
+        run_dir.guard.lock = lock  # Every write asks it first: a gs:// lock can be lost mid-run.
     try:
         yield lock is not None or not run_dir.is_chief
     finally:

@@ -9,8 +9,12 @@ checkpoint need every point. It survives a kill and resume: on resume, records p
 after the checkpoint that is resumed from, so they will be recomputed) and any half-written last line are dropped,
 and a record whose (kind, step) is already present is not written again, so the file has no duplicates and no gaps.
 Records are appended (on gs:// TensorFlow's GCS client rewrites the object per append: fine for the few hundred
-loops of a run); an append that fails is warned about and retried with the next record (the checkpoints, not the
-history, are what stops a run when the storage fails). Only the chief writes.
+loops of a run). An append that fails (a full disk, an unreachable bucket) may leave half a line behind: the records
+it held are kept, and the next write rewrites the whole file (its intact records plus the kept ones, through a
+temporary file renamed over it), so a later record never runs into the half line and nothing is lost. Training goes
+on meanwhile, until the storage has failed for `experiment.storage_timeout_seconds` (training/storage_guard.py); a
+run never ends with records it could not write (`flush` raises a StorageError). A damaged line found on resume is
+dropped with a warning. Only the chief writes.
 """
 
 import json
@@ -20,8 +24,9 @@ import time
 
 import tensorflow as tf
 
-from common.errors import ConfigError
+from common.errors import ConfigError, StorageError
 from common.storage_errors import describe
+from common.storage_wait import reporting_on_gcs
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +44,26 @@ def best_mode(metric: str, mode: str) -> str:
 
 def read_records(path: str) -> list[dict]:
     """The records of a metrics.jsonl (local or gs://); unparsable lines (a half-written last one) are skipped."""
+    return _read(path)[0]
+
+
+def _read(path: str) -> tuple[list[dict], int]:
+    """(the records of `path`, how many of its lines are not records)."""
     if not tf.io.gfile.exists(path):
-        return []
-    records = []
+        return [], 0
+    records, damaged = [], 0
     with tf.io.gfile.GFile(path) as handle:
         for line in handle:
             try:
                 record = json.loads(line)
             except ValueError:
+                damaged += 1
                 continue
             if isinstance(record, dict) and "step" in record and "kind" in record:
                 records.append(record)
-    return records
+            else:
+                damaged += 1
+    return records, damaged
 
 
 class History:
@@ -73,17 +86,20 @@ class History:
         self.metric, self.metric_name, self.mode = metric, name, best_mode(metric, mode)
         self.clock = clock
         self._keys: set = set()
-        self._pending: list[str] = []  # Lines not yet appended (the storage failed); written with the next record.
+        self._pending: list[dict] = []  # Records not yet written (the storage failed); written with the next one.
+        self._rewrite = False  # A failed append may have left half a line: the next write rewrites the file.
         self.best: dict | None = None  # {"step", "metric", "mode", "value"}
 
     def resume(self, step: int, *, rewrite: bool = True) -> None:
         """Drops records past `step` (and damaged lines; in the file only when `rewrite`), then reloads the best
         evaluation from what is left."""
-        records = read_records(self.path)
+        records, damaged = _read(self.path)
         kept = [record for record in records if record["step"] <= step]
-        if rewrite and self.run_dir.is_chief and tf.io.gfile.exists(self.path) and \
-                len(kept) != _line_count(self.path):
-            self.run_dir.write_text(FILE, "".join(json.dumps(record, sort_keys=True) + "\n" for record in kept))
+        if damaged:
+            log.warning("%s: %d damaged line(s) (a write cut short) dropped; the steps they held are missing from it.",
+                        self.path, damaged)
+        if rewrite and self.run_dir.is_chief and (damaged or len(kept) != len(records)):
+            self.run_dir.write_text(FILE, _lines(kept))
             log.info("%s: kept the %d records up to step %d (dropped %d written after that checkpoint).", FILE,
                      len(kept), step, len(records) - len(kept))
         self._keys = {(record["kind"], record["step"]) for record in kept}
@@ -100,16 +116,46 @@ class History:
         record = {"kind": kind, "step": step, "time": round(self.clock(), 3), **extra,
                   "metrics": {key: float(value) for key, value in metrics.items()}}
         if self.run_dir.is_chief:
-            self._pending.append(json.dumps(record, sort_keys=True) + "\n")
-            try:
-                tf.io.gfile.makedirs(self.run_dir.model_dir)
-                with tf.io.gfile.GFile(self.path, "a") as handle:
-                    handle.write("".join(self._pending))
-                self._pending = []
-            except tf.errors.OpError as error:  # Kept and retried with the next record: no gap once it recovers.
-                log.warning("%s not appended to at step %d (%s); retried with the next record.", self.path, step,
-                            describe(error, 200))
+            self._pending.append(record)
+            self._write_pending(f"{kind} step {step}")
         return True
+
+    def _write_pending(self, what: str) -> bool:
+        """Appends the kept records (or rewrites the file, after a failed append); True once they are written."""
+        guard = self.run_dir.guard
+        guard.check()  # The run lock still held, the storage not failing for too long.
+        try:
+            with reporting_on_gcs(f"{self.path} (the record of {what})", self.path):
+                if self._rewrite:  # The intact records, then the kept ones a failed append did not finish.
+                    existing = read_records(self.path)
+                    written = {(record["kind"], record["step"]) for record in existing}
+                    missing = [record for record in self._pending if (record["kind"], record["step"]) not in written]
+                    self.run_dir.write_text(FILE, _lines(existing + missing), retry=False)
+                else:
+                    tf.io.gfile.makedirs(self.run_dir.model_dir)
+                    with tf.io.gfile.GFile(self.path, "a") as handle:
+                        handle.write(_lines(self._pending))
+        except (tf.errors.OpError, StorageError) as error:  # Kept, and written with the next record.
+            if not guard.writable:
+                raise
+            self._rewrite = True
+            log.warning("%s: the record of %s not written (%s); kept, and written with the next one.", self.path,
+                        what, describe(error.__cause__ or error, 200))
+            guard.failed(f"writing {self.path}", error)
+            return False
+        self._pending, self._rewrite = [], False
+        guard.succeeded()
+        return True
+
+    def flush(self) -> None:
+        """Writes any kept records now; a StorageError if they still cannot be written (a run never ends with a
+        gap in its history)."""
+        if not self._pending or not self.run_dir.is_chief:
+            return
+        if not self._write_pending("the end of the run"):
+            steps = ", ".join(f"{record['kind']} {record['step']}" for record in self._pending)
+            raise StorageError(f"{self.path} lacks the records of {steps}: the storage failed and they could not be "
+                               "written. The checkpoints are intact: rerun the same command once the storage is back.")
 
     def record_eval(self, step: int, metrics: dict, seconds: float) -> bool:
         """Records an evaluation; returns whether it is a new best by the chosen metric."""
@@ -132,6 +178,5 @@ class History:
         return True
 
 
-def _line_count(path: str) -> int:
-    with tf.io.gfile.GFile(path) as handle:
-        return sum(1 for _ in handle)
+def _lines(records: list[dict]) -> str:
+    return "".join(json.dumps(record, sort_keys=True) + "\n" for record in records)

@@ -26,9 +26,12 @@ def start_server(port: int) -> None:
 class Profiler:
     """Starts and stops the trace around the loops of PROFILE_STEPS."""
 
-    def __init__(self, steps: tuple[int, int] | None, logdir: str, *, enabled: bool = True):
+    def __init__(self, steps: tuple[int, int] | None, logdir: str, *, enabled: bool = True, may_write=None):
+        """`may_write()`: whether the run may still write logdir (its lock held, its storage answering); a trace
+        that may not be written is discarded."""
         self.steps = steps if enabled else None
         self.logdir = logdir
+        self.may_write = may_write or (lambda: True)
         self.active = False
         self.done = False
 
@@ -56,6 +59,9 @@ class Profiler:
         if not self.active:
             return
         self.active, self.done = False, True
+        if not self.may_write():
+            tf.profiler.experimental.stop(save=False)
+            return
         try:
             tf.profiler.experimental.stop()
             log.info("Profiler trace written to %s/plugins/profile (TensorBoard: Profile tab).", self.logdir)

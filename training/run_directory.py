@@ -23,8 +23,9 @@ import tempfile
 import tensorflow as tf
 
 from common.errors import ConfigError, StorageError
-from common.storage_errors import describe
+from common.storage_errors import describe, transient
 from common.storage_paths import join
+from training.storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,15 @@ class RunDirectory:
     The other workers of a multi-worker job must still save checkpoints and exports (saving takes part in
     collectives, and a worker that skips it can deadlock the job): they write to a private local temporary folder
     instead (`checkpoint_write_dir`, `export_dir`), which `cleanup()` removes.
+
+    `guard` (training/storage_guard.py) is asked before every write: the run lock still held, the storage not failing
+    for longer than `storage_timeout_seconds`.
     """
 
-    def __init__(self, model_dir: str, *, is_chief: bool = True):
+    def __init__(self, model_dir: str, *, is_chief: bool = True, guard: StorageGuard | None = None):
         self.model_dir = model_dir
         self.is_chief = is_chief
+        self.guard = guard or StorageGuard()
         self._scratch_dir = None
 
     def path(self, *parts: str) -> str:
@@ -81,19 +86,30 @@ class RunDirectory:
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
             self._scratch_dir = None
 
-    def write_text(self, name: str, text: str) -> None:
+    def write_text(self, name: str, text: str, *, retry: bool = True) -> None:
+        """Writes model_dir/`name` whole (a temporary file renamed over it); a failing storage is retried for the
+        guard's timeout (`retry=False`: one attempt, for callers that retry themselves)."""
         if not self.is_chief:
             return
         folder, _, base = name.rpartition("/")  # `name` may be in a subfolder, e.g. 'best/best.json'.
         temporary = self.path(folder, temporary_name(base))
-        try:
-            tf.io.gfile.makedirs(self.path(folder) if folder else self.model_dir)
-            with tf.io.gfile.GFile(temporary, "w") as handle:
-                handle.write(text)
-            tf.io.gfile.rename(temporary, self.path(name), overwrite=True)  # Readers never see a half-written file.
-        except tf.errors.OpError as error:
-            raise StorageError(f"Writing {self.path(name)} failed ({describe(error)}). Checkpoints saved before it "
-                               "are intact (if any): rerun the same command once the storage is fixed.") from error
+
+        def attempt():
+            try:
+                tf.io.gfile.makedirs(self.path(folder) if folder else self.model_dir)
+                with tf.io.gfile.GFile(temporary, "w") as handle:
+                    handle.write(text)
+                tf.io.gfile.rename(temporary, self.path(name), overwrite=True)  # Readers never see half a file.
+            except tf.errors.OpError as error:
+                raise StorageError(f"Writing {self.path(name)} failed ({describe(error)}). Checkpoints saved before "
+                                   "it are intact (if any): rerun the same command once the storage is fixed.") \
+                    from error
+
+        if retry:
+            self.guard.retry(f"writing {self.path(name)}", attempt)
+        else:
+            self.guard.check()
+            attempt()
 
     def read_json(self, name: str) -> dict | None:
         """The JSON object in model_dir/`name`, None if there is no such file; a ConfigError if it is corrupt."""
@@ -107,6 +123,9 @@ class RunDirectory:
             raise ConfigError(f"{path} is corrupt (not JSON: {error}). It is rewritten by the run: delete it (or "
                               "restore it from a copy), then rerun.") from error
         except tf.errors.OpError as error:
+            if transient(error):  # The storage did not answer: a rerun can succeed (exit 6), not bad input.
+                raise StorageError(f"{path} cannot be read ({describe(error)}). Nothing was written: rerun the same "
+                                   "command once the storage answers.") from error
             raise ConfigError(f"{path} cannot be read ({describe(error)}).") from error
         if not isinstance(value, dict):
             raise ConfigError(f"{path} is corrupt (a JSON {type(value).__name__}, not an object): delete it (or "

@@ -7,17 +7,28 @@
   model_dir/         the HParams plugin's experiment: the run's settings, and the eval metrics as its results
 
 Why: a curve without the settings that made it cannot be compared; the HParams table lines runs up by setting.
-Every write is best effort: if the storage fails, a warning, and training goes on (checkpoints and metrics.json are
-what a run cannot lose).
+Each write is flushed at once (tf.summary's `as_default` block does). When one fails (a full disk, an unreachable
+bucket), that events file is given up: after a failed flush TensorFlow's writer can leave a partial record, past
+which TensorBoard reads nothing of that file. What failed is kept and written again, with the next write, into a
+new events file of the same folder (TensorBoard reads every file of a folder). Training goes on meanwhile, until
+the storage has failed for `experiment.storage_timeout_seconds` (training/storage_guard.py); events that could
+still not be written at the end are named in a warning (their values are in metrics.jsonl).
 """
 
 import logging
 
 import tensorflow as tf
 
+from common.storage_errors import describe
+from common.storage_wait import reporting_on_gcs
+
 log = logging.getLogger(__name__)
 
 MAX_IMAGES = 8
+# Writers given up (a failed write, or the run stopped by a storage failure) stay referenced here until the process
+# exits: a dropped writer flushes its queue into its file when it is destroyed, which must not happen after the run
+# knows it may not write (train.py ends such a run with os._exit, after its exit handlers, not garbage collection).
+_GIVEN_UP = []
 
 
 class Summaries:
@@ -27,6 +38,7 @@ class Summaries:
     def __init__(self, run_dir):
         self.run_dir = run_dir
         self._writers = {}
+        self._unwritten = {}  # name -> [(step, what, write)]: failed writes, written again into a new file.
 
     def writer(self, name: str):
         """Writer for model_dir/<name> ('' = model_dir itself), made once (one events file per process; chief only)."""
@@ -38,12 +50,29 @@ class Summaries:
     def _write(self, name: str, step: int, what: str, write) -> None:
         if not self.run_dir.is_chief:
             return
+        self.run_dir.guard.check()  # The run lock still held, the storage not failing for too long.
+        self._unwritten.setdefault(name, []).append((step, what, write))
+        self._write_unwritten(name)
+
+    def _write_unwritten(self, name: str) -> None:
+        """Writes the kept writes of `name` in order; after a failure, keeps them for a new events file."""
+        guard, pending = self.run_dir.guard, self._unwritten[name]
+        folder = self.run_dir.path(name) if name else self.run_dir.model_dir
         try:
-            with self.writer(name).as_default(step=step):
-                write()
+            with reporting_on_gcs(f"the TensorBoard events in {folder}", folder):
+                writer = self.writer(name)
+                for step, _, write in pending:
+                    with writer.as_default(step=step):  # Flushes on exit: each write reaches the storage now.
+                        write()
         except tf.errors.OpError as error:
-            log.warning("TensorBoard %s for %s/ at step %d not written (%s); training goes on.", what, name, step,
-                        " ".join(error.message.split())[:200])
+            _GIVEN_UP.append(self._writers.pop(name, None))  # The next write starts a new events file.
+            step, what, _ = pending[-1]
+            log.warning("TensorBoard %s for %s/ at step %d not written (%s); kept, and written into a new events "
+                        "file with the next write.", what, name or ".", step, describe(error, 200))
+            guard.failed(f"writing TensorBoard events to {folder}", error)
+            return
+        pending.clear()
+        guard.succeeded()
 
     def scalars(self, name: str, step: int, values: dict) -> None:
         def write():
@@ -92,11 +121,30 @@ class Summaries:
                     lambda: tf.summary.image("inputs", batch, max_outputs=MAX_IMAGES, description=description))
 
     def flush(self) -> None:
+        """At the end of a run (also a failed one: it never raises): writes what failed before once more, flushes
+        every writer, and names in a warning the events still missing. Once the run may not write (its lock lost,
+        the storage failing too long), nothing at all: the writers are given up unflushed."""
+        if self.run_dir.guard.writable:
+            for name, pending in self._unwritten.items():
+                if pending:
+                    try:
+                        self._write_unwritten(name)
+                    except Exception:  # noqa: BLE001 - a StorageError now must not hide the run's own outcome.
+                        break
+        if not self.run_dir.guard.writable:
+            _GIVEN_UP.extend(self._writers.values())
+            self._writers.clear()
         for writer in self._writers.values():
             try:
                 writer.flush()
             except tf.errors.OpError:
                 pass
+        missing = {name or ".": sorted({step for step, _, _ in pending}) for name, pending in self._unwritten.items()
+                   if pending}
+        if missing and self.run_dir.guard.writable:  # (A run stopped by its storage says so in its error.)
+            log.warning("TensorBoard events not written (the storage failed): %s. Their values are in "
+                        "metrics.jsonl.", "; ".join(f"{name}/ at steps {', '.join(map(str, steps))}"
+                                                    for name, steps in missing.items()))
 
 
 def _hparam_value(value):
