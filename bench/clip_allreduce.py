@@ -26,7 +26,7 @@ def run_variant(double_all_reduce: bool, replicas: int, hidden: int, steps: int,
 
     from tpu_utils.loop import make_train_loop
     from tpu_utils.strategy import make_strategy
-    from training import step
+    from training.learning import step
 
     strategy = make_strategy("mirrored", virtual_devices=replicas)
     keras.utils.set_random_seed(0)

@@ -28,7 +28,7 @@ STEPS = 300
 def variants(trainer) -> dict:
     """name -> compiled loop(source, num_steps), all sharing the Trainer's model, optimizer and step counter."""
     from tpu_utils import loop
-    from training import step
+    from training.learning import step
 
     config, model = trainer.config, trainer.model
 

@@ -49,7 +49,7 @@ def main() -> None:
     from tpu_utils.strategy import make_strategy
     from training import experiment
     from training.controller import Controller
-    from training.run_directory import RunDirectory
+    from training.run_directory.layout import RunDirectory
     from training.trainer import Trainer
 
     # As train.py logs: INFO lines of training.* formatted and written (to memory here, not the terminal).

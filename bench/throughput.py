@@ -106,7 +106,7 @@ class Case:
         import tensorflow as tf
 
         from tpu_utils import loop
-        from training import step
+        from training.learning import step
 
         trainer, model = self.trainer, self.trainer.model
 
@@ -208,7 +208,7 @@ class Case:
         """One save as training does it: written, read back and verified, older ones rotated (a local folder)."""
         import tempfile
 
-        from training.checkpoints import CheckpointStore
+        from training.run_directory.checkpoints import CheckpointStore
 
         with tempfile.TemporaryDirectory() as directory:
             store = CheckpointStore(self.trainer.checkpoint, read_dir=directory, write_dir=directory, keep=1)

@@ -25,8 +25,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
-from data import pipeline
-from data.registry import DatasetSpec
+from data import builders, pipeline
+from data.spec import DatasetSpec
 
 DEVICE_LIMIT_BYTES = 512 << 20  # Per replica (its device holds one copy): CIFAR-10 decoded takes 150 MB.
 
@@ -42,7 +42,7 @@ def unusable_because(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on
     if on_tpu:
         return ("the strategy is a TPU: the epoch permutation (tf.random.experimental.index_shuffle) has no XLA "
                 "kernel, so the TPU cannot draw batches itself")
-    element = pipeline._encoded_split(spec, builder, spec.train_split).element_spec
+    element = builders.encoded_split(spec, builder, spec.train_split).element_spec
     strings = sorted(key for key, feature in element.items() if feature.dtype == tf.string)
     if strings:
         return f"feature(s) {strings} are strings (encoded images or text), which only the host can decode"
@@ -73,7 +73,7 @@ class DeviceSplit:
     def __init__(self, spec: DatasetSpec, builder: tfds.core.DatasetBuilder, strategy: tf.distribute.Strategy, *,
                  global_batch_size: int, seed: int):
         self._spec, self._builder, self._seed = spec, builder, seed
-        self._num_examples = pipeline.split_size(builder, spec.train_split)
+        self._num_examples = builders.split_size(builder, spec.train_split)
         if self._num_examples < global_batch_size:
             raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {self._num_examples} "
                               f"examples of {spec.tfds_name}:{spec.train_split}; use a smaller batch.")

@@ -23,7 +23,7 @@ PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "al
 def download_errors() -> tuple[type[BaseException], ...]:
     """What a TFDS download raises when the source cannot be reached: requests' errors (HTTP), urllib's (FTP), a
     failed name lookup or connection, and TFDS's DownloadError (an HTTP status other than 200). Most are OSErrors:
-    they must be told apart from a DATA_DIR that cannot be written (pipeline.load_builder)."""
+    they must be told apart from a DATA_DIR that cannot be written (builders.load_builder)."""
     import urllib.error
 
     import requests

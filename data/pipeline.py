@@ -19,9 +19,7 @@ whole number of global batches, so every per-replica batch has the same static s
 pipeline (host) reads only its own contiguous 1/P of the split (TFDS split slicing reads only those files).
 """
 
-import contextlib
 import functools
-import importlib
 import logging
 import math
 
@@ -29,103 +27,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from common.errors import ConfigError, StorageError, shorten
-from common.storage_errors import describe, transient
-from data import downloads, shard_stream
-from data.registry import DatasetSpec, stage_name
+from common.errors import ConfigError
+from data import builders, shard_stream
+from data.spec import DatasetSpec
 
 log = logging.getLogger(__name__)
 
 IN_MEMORY_LIMIT_BYTES = 1 << 30  # Larger train splits are read by shard file (see DatasetSpec.read_by_shard).
-
-
-def find_builder(tfds_name: str, data_dir: str | None, *,
-                 module: str | None = None) -> tfds.core.DatasetBuilder:
-    """The TFDS builder of `tfds_name` in `data_dir` (prepared or not); `module` registers a bundled builder."""
-    if module:
-        importlib.import_module(module)
-    try:
-        return tfds.builder(tfds_name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError as error:  # Its message lists every TFDS name: not repeated.
-        raise ConfigError(f"TFDS has no dataset {tfds_name!r}, and none is staged in DATA_DIR={data_dir!r}. Stage "
-                          f"your data there once: python -m data.stage --name={tfds_name} --data_dir=DIR with "
-                          "--from_npz=FILE, --from_csv=..., --from_tfrecord=... or --from_image_folder=DIR (README, "
-                          "'Bring your own data'), then pass the same DATA_DIR.") from error
-
-
-def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.DownloadConfig | None = None) -> bool:
-    """Builds the dataset into its data_dir unless it is there already; returns whether it built anything.
-    `download_config` carries e.g. manual_dir for datasets without a download (ImageNet)."""
-    if builder.is_prepared():
-        return False
-    instructions = (getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or "").strip()
-    def stage_command(manual_dir: str) -> str:
-        return (f"python -m data.stage --dataset={stage_name(builder.name)} --manual_dir={manual_dir} "
-                f"--data_dir={builder.data_dir_root}")
-
-    if instructions and not (download_config and download_config.manual_dir):
-        # Nothing can be built without the manually downloaded files: say so before writing anything.
-        raise ConfigError(f"{builder.name!r} is not prepared in {builder.data_dir_root} and has no download. "
-                          f"{' '.join(instructions.split())} Then stage it once: {stage_command('DIR')}")
-    log.info("Preparing TFDS dataset %r in %s (once).", builder.name, builder.data_dir)
-    tfds.disable_progress_bar()  # Seconds for the bundled data; the bars would bury the first screen.
-    offline = None
-    try:
-        downloading = (contextlib.nullcontext() if instructions or _is_bundled(builder)
-                       else downloads.fail_fast_when_offline())
-        with downloading as offline:
-            builder.download_and_prepare(download_config=download_config)
-    except AssertionError as error:  # How TFDS builders report missing or incomplete manual downloads.
-        detail = " ".join(str(error).split())[:500].rstrip(".")
-        manual_dir = download_config.manual_dir if download_config else None
-        if manual_dir:
-            instructions = " ".join(instructions.split()).rstrip(".")
-            named = f" ({instructions})" if instructions and instructions not in detail else ""
-            raise ConfigError(f"Cannot prepare {builder.name!r} from {manual_dir}: {detail}. Check that {manual_dir} "
-                              f"holds the files the instructions name{named}, then rerun: "
-                              f"{stage_command(manual_dir)}") from error
-        raise ConfigError(f"Cannot prepare {builder.name!r} in {builder.data_dir_root}: {detail}. TFDS builders fail "
-                          "this way when source files are missing or incomplete: if it reads manually downloaded "
-                          f"files, put them in a folder DIR and stage it once: {stage_command('DIR')}") from error
-    except downloads.download_errors() as error:
-        detail = offline or shorten(str(error), 300)  # A failed lookup says it all; TFDS's text repeats it.
-        raise ConfigError(f"Downloading {builder.name!r} failed ({type(error).__name__}: {detail}): this machine "
-                          f"cannot reach its source. {_stage_elsewhere(builder)}") from error
-    return True
-
-
-def _stage_elsewhere(builder: tfds.core.DatasetBuilder) -> str:
-    return (f"Stage it where there is internet (python -m data.stage --dataset={stage_name(builder.name)} "
-            "--data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR.")
-
-
-def _is_bundled(builder: tfds.core.DatasetBuilder) -> bool:
-    """A builder of this repository (data/...): it builds offline, from files or generators it carries."""
-    return type(builder).__module__.split(".")[0] == __name__.split(".")[0]
-
-
-def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBuilder:
-    """The TFDS builder for `spec`, built into `data_dir` first if it is not there yet (offline for bundled data)."""
-    try:
-        builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
-        try:
-            prepare(builder)
-        except FileExistsError:  # Another process (a worker of the same job) finished preparing it first.
-            builder = find_builder(spec.tfds_name, data_dir, module=spec.module)
-            if not builder.is_prepared():
-                raise
-            log.info("%r was prepared by another process meanwhile; using it.", spec.tfds_name)
-    except (OSError, tf.errors.OpError, RuntimeError) as error:  # Not a directory, permission denied, disk full, ...
-        if isinstance(error, RuntimeError) and not transient(error):  # TFDS wraps what it met in a RuntimeError.
-            raise
-        if transient(error) and str(data_dir).startswith("gs://"):  # The bucket did not answer: a rerun can work.
-            raise StorageError(f"DATA_DIR={data_dir!r} did not answer while reading {spec.tfds_name!r} "
-                               f"({describe(error)}). Nothing was written: rerun the same command once it "
-                               "answers.") from error
-        raise ConfigError(f"DATA_DIR={data_dir!r} cannot be used for {spec.tfds_name!r} ({describe(error)}). Pass a "
-                          "DATA_DIR you can write to (TFDS prepares the dataset there once), e.g. "
-                          "--gin_param=\"DATA_DIR='~/tensorflow_datasets'\".") from error
-    return builder
 
 
 def reads_by_shard(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> bool:
@@ -152,25 +60,16 @@ def in_memory_bytes(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> int
     return max(split.num_bytes, split.num_examples * decoded)
 
 
-def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
-    """Examples in `split`: from the dataset's metadata, or counted when the metadata has no split sizes (as with
-    TFDS's mock data, which the tests use for download-only datasets)."""
-    if split in builder.info.splits:
-        return builder.info.splits[split].num_examples
-    log.info("No split sizes in the metadata of %r: counting %s.", builder.name, split)
-    return int(builder.as_dataset(split=split, shuffle_files=False).reduce(0, lambda count, _: count + 1))
-
-
 def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int, seed: int,
                         start_step: int):
     """Returns input_fn(InputContext) -> dataset of (features, target, position) per-replica batches, starting at
     `start_step`. position (int64) is the example's place in the training stream, unique over the run and the same
     at any replica count: the training step keys each example's dropout mask by it."""
     if reads_by_shard(spec, builder):
-        shard_stream.check_readable(builder, spec.train_split)
+        shard_stream.check_readable(builder, spec.train_split, dataset=spec.stage_name())
         return functools.partial(shard_stream.make_train_dataset, spec, builder, global_batch_size=global_batch_size,
                                  seed=seed, start_step=start_step)
-    num_examples = split_size(builder, spec.train_split)
+    num_examples = builders.split_size(builder, spec.train_split)
     if num_examples < global_batch_size:
         raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {num_examples} examples of "
                           f"{spec.tfds_name}:{spec.train_split}; use a smaller batch.")
@@ -197,8 +96,8 @@ def decoded_train_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) ->
     """The whole train split in memory, {feature key: tensor over examples in file order}, for random access
     (in_memory_bytes: a few MB to ~150 MB for the shipped datasets); images the task can use decoded are decoded
     here, once, not per drawn example."""
-    num_examples = split_size(builder, spec.train_split)
-    return _encoded_split(spec, builder, spec.train_split).batch(num_examples).get_single_element()
+    num_examples = builders.split_size(builder, spec.train_split)
+    return builders.encoded_split(spec, builder, spec.train_split).batch(num_examples).get_single_element()
 
 
 def examples_at(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, examples: dict, positions: tf.Tensor, *,
@@ -228,7 +127,7 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
 
     mask is 1.0 for real examples and 0.0 for padding; every metric must weight by it.
     """
-    num_examples = split_size(builder, spec.eval_split)
+    num_examples = builders.split_size(builder, spec.eval_split)
     num_steps = math.ceil(num_examples / global_batch_size)
     padded_size = num_steps * global_batch_size
 
@@ -241,7 +140,7 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
         begin, end = pipeline_id * num_examples // pipelines, (pipeline_id + 1) * num_examples // pipelines
         split = spec.eval_split if pipelines == 1 else f"{spec.eval_split}[{begin}:{end}]"
         part_size = end - begin
-        real = _encoded_split(spec, builder, split).map(decode, num_parallel_calls=tf.data.AUTOTUNE,
+        real = builders.encoded_split(spec, builder, split).map(decode, num_parallel_calls=tf.data.AUTOTUNE,
                                                         deterministic=True)
         features_spec, target_spec, _ = real.element_spec
         if not (features_spec.shape.is_fully_defined() and target_spec.shape.is_fully_defined()):
@@ -258,17 +157,3 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
                 .prefetch(tf.data.AUTOTUNE))
 
     return input_fn, num_steps
-
-
-def _encoded_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:
-    """The split in file order, as dicts of the task's features, decoded as the task's `decoders` say (fixed-size
-    images decoded; images with their own decoder, such as ImageNet's JPEGs, still encoded)."""
-    keys = spec.task.keys
-    missing = [key for key in keys if key not in builder.info.features]
-    if missing:
-        raise ConfigError(f"The task of {spec.tfds_name!r} reads feature(s) {missing}, which the dataset does not "
-                          f"have (it has {sorted(builder.info.features.keys())}); set the task's keys in "
-                          "data/registry.py.")
-    dataset = builder.as_dataset(split=split, shuffle_files=False, decoders=spec.task.decoders(builder.info.features),
-                                 read_config=tfds.ReadConfig(interleave_cycle_length=1, add_tfds_id=False))
-    return dataset.map(lambda example: {key: example[key] for key in keys})

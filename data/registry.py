@@ -12,6 +12,7 @@ import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
 from data import imagenet
+from data.spec import DatasetSpec, check_task_features
 from tasks.base import Task
 from tasks.image_classification import ImageClassification, flip_and_crop_32
 from tasks.tabular import TabularClassification, TabularRegression
@@ -24,20 +25,6 @@ _NUCLEUS_MEASURES = ("radius", "texture", "perimeter", "area", "smoothness", "co
 BREAST_CANCER_FEATURES = (tuple(f"mean {measure}" for measure in _NUCLEUS_MEASURES)
                           + tuple(f"{measure} error" for measure in _NUCLEUS_MEASURES)
                           + tuple(f"worst {measure}" for measure in _NUCLEUS_MEASURES))
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetSpec:
-    """Where a dataset's examples come from (a TFDS dataset and its splits) and what is learned from them (`task`)."""
-
-    tfds_name: str
-    train_split: str
-    eval_split: str
-    task: Task  # Features, targets, preprocessing, loss, metrics and serving: tasks/.
-    module: str | None = None  # Module to import so TFDS registers the builder (bundled builders only).
-    # Train order: None = in host memory when the encoded split is under 1 GiB, else read by shard file
-    # (data/shard_stream.py); True/False force one. Large datasets should say True.
-    read_by_shard: bool | None = None
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -92,16 +79,10 @@ def get_dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
 
         return spec_from_metadata(name[len("tfds:"):], data_dir)
     try:
-        return DATASETS[name]
+        return dataclasses.replace(DATASETS[name], name=name)
     except KeyError:
         raise ConfigError(f"Unknown DATASET={name!r}. Known datasets: {', '.join(sorted(DATASETS))}. Register a new "
                           "one in data/registry.py, or use 'tfds:NAME' for a staged TFDS dataset.") from None
-
-
-def stage_name(tfds_name: str) -> str:
-    """What `python -m data.stage --dataset=` takes for `tfds_name`: its DATASET name when one is registered (so a
-    bundled builder's module is imported), else tfds:NAME."""
-    return next((name for name, spec in DATASETS.items() if spec.tfds_name == tfds_name), f"tfds:{tfds_name}")
 
 
 def bind_task(spec: DatasetSpec, builder, *, dataset: str) -> DatasetSpec:
@@ -109,12 +90,7 @@ def bind_task(spec: DatasetSpec, builder, *, dataset: str) -> DatasetSpec:
     vocabulary: Task.bind). A task that reads a feature the dataset lacks, or whose settings do not fit the data, is a
     ConfigError naming DATASET, the task and the fix, before anything is built."""
     features = builder.info.features
-    missing = [key for key in spec.task.keys if key not in features]
-    if missing:
-        raise ConfigError(f"DATASET={dataset!r}: its task {type(spec.task).__name__} reads the feature(s) "
-                          f"{', '.join(map(repr, missing))}, which {spec.tfds_name!r} does not have. Its features are "
-                          f"{', '.join(map(repr, features.keys()))}: set the task's keys to them (e.g. label_key=...) "
-                          "where the dataset is registered (data/registry.py).")
+    check_task_features(spec, features, dataset=dataset)
     _check_stored_data(spec.task, features, dataset=dataset, tfds_name=spec.tfds_name)
     try:
         return dataclasses.replace(spec, task=spec.task.bind(builder))

@@ -13,13 +13,12 @@ other keys) register a DatasetSpec in data/registry.py; `python -m data.stage` p
 import numpy as np
 
 from common.errors import ConfigError
+from data.builders import find_builder
+from data.spec import DatasetSpec
 
 
 def spec_from_metadata(name: str, data_dir: str | None):
     """The DatasetSpec of TFDS dataset `name` (as found in `data_dir`), its task inferred from the features."""
-    from data.pipeline import find_builder
-    from data.registry import DatasetSpec
-
     builder = find_builder(name, data_dir)
     splits = set(builder.info.splits) or {"train", "test"}  # No split metadata before a registered dataset's download.
     eval_split = "test" if "test" in splits else "validation" if "validation" in splits else None
@@ -28,7 +27,7 @@ def spec_from_metadata(name: str, data_dir: str | None):
                           "'test' (or 'validation'). Stage it with those splits, or register a DatasetSpec with its "
                           "split names in data/registry.py.")
     return DatasetSpec(tfds_name=name, train_split="train", eval_split=eval_split,
-                       task=infer_task(builder.info, f"tfds:{name}"))
+                       task=infer_task(builder.info, f"tfds:{name}"), name=f"tfds:{name}")
 
 
 def infer_task(info, dataset: str):

@@ -5,8 +5,8 @@ a copy of, so R replicas apply R copies of one mask, and the masks depend on how
 each training example's mask is a hash of (SEED, the example's position in the training stream, the layer's salt,
 the unit): the same example gets the same mask at any replica or host count and after a resume, so a run with
 dropout is replica-count invariant and exactly resumable like one without. The training step publishes the batch's
-per-example keys with `example_keys(...)` around the model call (training/step.py); each replica runs in its own
-thread, so the keys are thread-local.
+per-example keys with `example_keys(...)` around the model call (training/learning/step.py); each replica runs in its
+own thread, so the keys are thread-local.
 
 The hash is `lowbias32` (a 32-bit integer finaliser with low bias, C. Wellons, "Prospecting for Hash Functions"),
 on uint32 tensors: a few integer ops per unit, vectorised, and XLA-compilable (TPUs included).

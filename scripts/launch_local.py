@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
 
-from tpu_utils.local_cluster import LocalJob  # noqa: E402
+from scripts.local_cluster import LocalJob  # noqa: E402
 from training.stop_signals import discard_output_if_hung_up  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ Steps (each a `gcloud compute tpus ...` command):
  2. copy the files git tracks (as they are here, uncommitted changes included) and those `--include=PATH` names to
     every worker, never an untracked file (`.env`, keys, other virtualenvs, datasets); the count, the size and the
     untracked files left behind are printed first, and a folder that is not a git checkout is refused (exit 2)
-    (tpu_utils/tpu/source_archive.py). Then install requirements-tpu.txt in a Python 3.11 virtualenv there;
+    (scripts/source_archive.py). Then install requirements-tpu.txt in a Python 3.11 virtualenv there;
  3. start `train.py ARGS` detached on worker 0 (`setsid nohup`, log and pid in ~/tpu-template/job/) and poll its
     log over SSH. A dropped SSH connection is retried: the job keeps running and the log resumes where it stopped.
     The job's script is printed, then sent base64-encoded with every argument quoted inside it, so no argument
@@ -46,18 +46,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # Run as a script from anywhere.
 
 from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_STORAGE_FAILED  # noqa: E402
+from scripts.gcloud import Gcloud, LauncherError, flag_problem  # noqa: E402
+from scripts.remote_job import job_script, parse_poll, poll_command, start_command, started_pid, stop_command
+from scripts.source_archive import select, write_archive  # noqa: E402
 from tpu_utils.tpu.facts import RuntimeFacts  # noqa: E402
-from tpu_utils.tpu.gcloud import Gcloud, LauncherError, flag_problem  # noqa: E402
 from tpu_utils.tpu.generations import parse_accelerator_type  # noqa: E402
-from tpu_utils.tpu.remote_job import (  # noqa: E402
-    job_script,
-    parse_poll,
-    poll_command,
-    start_command,
-    started_pid,
-    stop_command,
-)
-from tpu_utils.tpu.source_archive import select, write_archive  # noqa: E402
 from tpu_utils.tpu.startup import PJRT_ENV, decide  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,7 +126,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def install(gcloud: Gcloud, args, pod: bool, files) -> None:
-    """Copies `files` (tpu_utils/tpu/source_archive.py: what git tracks, plus --include) to every worker and installs
+    """Copies `files` (scripts/source_archive.py: what git tracks, plus --include) to every worker and installs
     the requirements there."""
     # A fresh archive per launch: two launches at once (or another user's) must not share or overwrite one file.
     handle, archive = tempfile.mkstemp(prefix=f"{REMOTE_DIR}-", suffix=".tgz")

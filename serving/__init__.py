@@ -1,5 +1,5 @@
 """What an export serves, apart from training: the files written beside the SavedModel (metadata, TF Serving warmup
-requests, an example request for Vertex AI, model.tflite) and the `python -m serving.predict` command.
+requests, an example request for Vertex AI, model.tflite) and the `python -m tools.predict` command.
 
 docs/serving.md says how each is used.
 """

@@ -1,6 +1,6 @@
 """The export's own description, `assets.extra/serving_metadata.json`: what a reader needs to use the SavedModel
 without TensorFlow (the task and its kind, each input's and output's dtype and shape, class names, a tabular task's
-feature names, whether model.tflite was written and which outputs it has). `python -m serving.predict` decides how
+feature names, whether model.tflite was written and which outputs it has). `python -m tools.predict` decides how
 to read its input files from it, before it imports TensorFlow.
 
 TF Serving and Vertex AI ignore it (they read the SavedModel's signature); a file in assets.extra is never loaded

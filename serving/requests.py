@@ -4,7 +4,7 @@
 In the row format an instance is a {input name: value} object (or, for a signature with one input, the value
 itself); the server stacks the instances' values of each input into one batch tensor of the signature's dtype.
 Strings are JSON strings (or {"b64": "..."} for bytes that are not UTF-8). `to_batch` does the same here, so a
-request can be checked without a server (tests, `python -m serving.predict --input=request.json`), and `to_instances`
+request can be checked without a server (tests, `python -m tools.predict --input=request.json`), and `to_instances`
 writes the export's example request, assets.extra/example_request.json.
 """
 

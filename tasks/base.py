@@ -27,8 +27,8 @@ class Task:
     """Base class: subclasses are frozen dataclasses whose fields are the task's settings."""
 
     label_key: str = "label"
-    # Per-example loss by name (training/losses.py) and metrics by name (training/metrics.py) used when the config
-    # names none.
+    # Per-example loss by name (training/learning/losses.py) and metrics by name (training/learning/metrics.py) used
+    # when the config names none.
     default_loss = "softmax_cross_entropy"
     default_metrics = ("accuracy",)
     kind = "classification"  # 'classification' (integer labels, logits) or 'regression' (float targets).

@@ -21,7 +21,7 @@ class _Tabular(Task):
     train_split: str = "train"  # Where the standardisation statistics come from.
     mean: tuple[float, ...] | None = None  # None until bind(); or set them to fix the statistics by hand.
     std: tuple[float, ...] | None = None
-    # The names of the vector's columns, in order: the export's metadata lists them, and `python -m serving.predict`
+    # The names of the vector's columns, in order: the export's metadata lists them, and `python -m tools.predict`
     # reads a CSV's columns by them. None: feature_0, feature_1, ...
     feature_names: tuple[str, ...] | None = None
 

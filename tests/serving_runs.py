@@ -30,7 +30,7 @@ class ServedRun:
     params: list
     trainer: object  # The training-time Trainer: its model is what every export must reproduce.
     model_dir: str
-    export_logs: list  # The messages training/export.py logged.
+    export_logs: list  # The messages training/run_directory/export.py logged.
 
     @property
     def export_dir(self) -> str:
@@ -66,14 +66,14 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
     from tpu_utils.strategy import make_strategy
     from training import config_files, experiment
     from training.controller import Controller
-    from training.run_directory import RunDirectory
+    from training.run_directory.layout import RunDirectory
     from training.trainer import Trainer
 
     gin_file, extra = CONFIGS[name]
     params = [*SHRUNK, *extra, f"DATA_DIR='{data_dir}'"]
     config_files.parse([gin_file], params, search_path=REPO_ROOT)
     collect = _Collect()
-    logger = logging.getLogger("training.export")
+    logger = logging.getLogger("training.run_directory.export")
     logger.addHandler(collect)
     try:
         trainer = Trainer(experiment.experiment(), make_strategy("default"))

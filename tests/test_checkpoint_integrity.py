@@ -101,7 +101,7 @@ def test_checkpoint_files_without_an_intact_one_are_exit_2_and_nothing_is_delete
 
 
 def test_verify_detects_each_damage_and_passes_an_intact_checkpoint(runs, tmp_path):
-    from training.checkpoints import verify
+    from training.run_directory.checkpoints import verify
 
     model_dir, checkpoints = _copy(runs, tmp_path)
     assert verify(os.path.join(checkpoints, "ckpt-30")) is None  # Negative control.
@@ -157,7 +157,7 @@ def test_a_checkpoint_holding_nan_counts_as_damaged(tmp_path):
     """A non-finite checkpoint (as older versions could save) is never resumed: verify() rejects it."""
     import tensorflow as tf
 
-    from training.checkpoints import verify
+    from training.run_directory.checkpoints import verify
 
     weights = tf.Variable(np.ones(4, np.float32))
     finite = tf.train.Checkpoint(weights=weights).write(str(tmp_path / "ckpt-1"))
@@ -176,7 +176,7 @@ def test_a_storage_that_does_not_answer_is_not_a_damaged_checkpoint(error, runs,
     import tensorflow as tf
 
     from common.errors import StorageError
-    from training import checkpoints
+    from training.run_directory import checkpoints
 
     model_dir, directory = _copy(runs, tmp_path)
     state_before = open(os.path.join(directory, "checkpoint")).read()

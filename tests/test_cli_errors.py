@@ -34,7 +34,7 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
     (["experiment.optimizer='lion'"], "experiment.optimizer='lion' is unknown. Known: adam, adamw, sgd; e.g. "
                                       "--gin_param=\"experiment.optimizer='adam'\", or register one in "
-                                      "training/optimizers.py."),
+                                      "training/learning/optimizers.py."),
     (["experiment.lr_schedule='step'"], "experiment.lr_schedule='step' is unknown. Known: constant, cosine; e.g. "
                                         "--gin_param=\"experiment.lr_schedule='cosine'\""),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
@@ -157,7 +157,7 @@ def test_a_loss_that_returns_a_mean_exits_2_before_any_step(tmp_path, capsys, mo
     """The silent factor-of-R bug, as a user would write it: a loss that averages. Rejected before training."""
     import tensorflow as tf
 
-    from training import losses
+    from training.learning import losses
 
     monkeypatch.setitem(losses.LOSSES, "mean_loss", lambda labels, logits: tf.reduce_mean(
         tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))

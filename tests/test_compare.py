@@ -1,11 +1,11 @@
-"""training.compare on run directories written here by hand (no training): the best row ranks by the mode the run
+"""tools.compare on run directories written here by hand (no training): the best row ranks by the mode the run
 recorded, and a corrupt metrics.json or a --plot path that cannot be written is one error line naming the file and
 the fix (exit 2)."""
 
 import json
 import os
 
-from training import compare
+from tools import compare
 
 EVALS = [(10, 5.0), (20, 3.0), (30, 4.0)]  # (step, perplexity): lower is better, which 'auto' cannot know.
 

@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 
 from common import errors
 from common.errors import ConfigError
-from data import downloads, pipeline
+from data import builders, downloads, pipeline
 from data.registry import get_dataset_spec
 
 GLOBAL_BATCH = 24
@@ -19,7 +19,7 @@ GLOBAL_BATCH = 24
 def _batches(data_dir, *, seed=0, start_step=0, pipelines=1, steps=5):
     """First `steps` global batches, as lists of per-pipeline label/image arrays concatenated in pipeline order."""
     spec = get_dataset_spec("digits")
-    builder = pipeline.load_builder(spec, data_dir)
+    builder = builders.load_builder(spec, data_dir)
     input_fn = pipeline.make_train_input_fn(spec, builder, global_batch_size=GLOBAL_BATCH, seed=seed,
                                             start_step=start_step)
     per_pipeline = []
@@ -79,7 +79,7 @@ def test_an_unreachable_download_says_to_stage_it_elsewhere_not_to_change_data_d
         monkeypatch.setattr(tfds.builder_cls("mnist"), "URL", f"http://127.0.0.1:{refusing.getsockname()[1]}/")
         monkeypatch.setattr(downloader, "MAX_RETRIES", 0)
         with pytest.raises(ConfigError) as raised:
-            pipeline.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
+            builders.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
     message = str(raised.value)
     assert "Downloading 'mnist' failed (ConnectionError: " in message and "127.0.0.1" in message, message
     assert ("this machine cannot reach its source. Stage it where there is internet (python -m data.stage "
@@ -109,7 +109,7 @@ def test_offline_a_dataset_that_downloads_stops_at_once_instead_of_retrying_for_
 
     lookups = _offline(monkeypatch)
     with pytest.raises(ConfigError) as raised:
-        pipeline.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
+        builders.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
     message = str(raised.value)
     assert message == (
         "Downloading 'mnist' failed (ConnectionError: storage.googleapis.com cannot be looked up ([Errno -2] Name or "
@@ -117,7 +117,7 @@ def test_offline_a_dataset_that_downloads_stops_at_once_instead_of_retrying_for_
         "data.stage --dataset=mnist --data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR."), message
     assert len(lookups) <= 5, lookups  # The probe, then one attempt for each of MNIST's 4 files at most.
     assert downloader.MAX_RETRIES == 10  # TFDS's own setting is back.
-    assert pipeline.load_builder(get_dataset_spec("breast_cancer"), str(tmp_path / "bundled")).is_prepared()
+    assert builders.load_builder(get_dataset_spec("breast_cancer"), str(tmp_path / "bundled")).is_prepared()
 
 
 def test_negative_control_without_the_probe_tfds_retries_each_file_eleven_times(tmp_path, monkeypatch):
@@ -127,7 +127,7 @@ def test_negative_control_without_the_probe_tfds_retries_each_file_eleven_times(
     monkeypatch.setattr(downloads, "offline_reason", lambda: None)
     monkeypatch.setattr(urllib3.util.retry.Retry, "sleep", lambda self, response=None: None)  # No back-off waits.
     with pytest.raises(ConfigError, match="cannot reach its source"):
-        pipeline.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
+        builders.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
     assert len(lookups) >= 11, lookups
 
 
@@ -152,14 +152,14 @@ def test_a_builder_assertion_without_a_manual_dir_is_a_config_error_naming_the_s
     """TFDS builders report missing or incomplete source files with an AssertionError. load_builder passes no
     download_config, which the message used to read: an AttributeError hid the builder's own words."""
     spec = get_dataset_spec("digits")
-    builder_class = type(pipeline.find_builder(spec.tfds_name, str(tmp_path), module=spec.module))
+    builder_class = type(builders.find_builder(spec.tfds_name, str(tmp_path), module=spec.module))
 
     def incomplete_source(self, dl_manager):
         raise AssertionError("digits.csv not found")
 
     monkeypatch.setattr(builder_class, "_split_generators", incomplete_source)
     with pytest.raises(ConfigError) as raised:
-        pipeline.load_builder(spec, str(tmp_path))
+        builders.load_builder(spec, str(tmp_path))
     assert (f"Cannot prepare 'sklearn_digits' in {tmp_path}: digits.csv not found. " in str(raised.value)
             and f"python -m data.stage --dataset=digits --manual_dir=DIR --data_dir={tmp_path}" in str(raised.value))
 
@@ -170,20 +170,20 @@ def test_a_dataset_prepared_meanwhile_by_another_worker_is_used(tmp_path, monkey
     process, deterministically: the 'other worker' prepares it for real, then this one's rename fails as TFDS's does.
     Control: the same error with nothing prepared is still an error."""
     spec = get_dataset_spec("digits")
-    real_prepare = pipeline.prepare
+    real_prepare = builders.prepare
 
-    def lose_the_race(builder, download_config=None):
-        other = pipeline.find_builder(spec.tfds_name, str(tmp_path / "raced"), module=spec.module)
+    def lose_the_race(builder, download_config=None, **_):
+        other = builders.find_builder(spec.tfds_name, str(tmp_path / "raced"), module=spec.module)
         real_prepare(other)
         raise FileExistsError(f"Cannot rename ... Destination {other.data_dir} already exists.")
 
-    monkeypatch.setattr(pipeline, "prepare", lose_the_race)
-    builder = pipeline.load_builder(spec, str(tmp_path / "raced"))
+    monkeypatch.setattr(builders, "prepare", lose_the_race)
+    builder = builders.load_builder(spec, str(tmp_path / "raced"))
     assert builder.is_prepared() and builder.info.splits["train"].num_examples == 1437
 
-    def fail(builder, download_config=None):
+    def fail(builder, download_config=None, **_):
         raise FileExistsError("Cannot rename: destination exists")
 
-    monkeypatch.setattr(pipeline, "prepare", fail)
+    monkeypatch.setattr(builders, "prepare", fail)
     with pytest.raises(ConfigError, match="cannot be used for 'sklearn_digits'"):
-        pipeline.load_builder(spec, str(tmp_path / "empty"))
+        builders.load_builder(spec, str(tmp_path / "empty"))

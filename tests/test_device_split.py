@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from common.errors import ConfigError
-from data import device_split, pipeline
+from data import builders, device_split, pipeline
 from data.registry import get_dataset_spec
 from tpu_utils.strategy import make_strategy
 from training.trainer import Trainer
@@ -31,7 +31,7 @@ def _flip_and_crop_8(image, seed):
 def _augmented_digits(data_dir):
     spec = get_dataset_spec("digits")
     spec = dataclasses.replace(spec, task=dataclasses.replace(spec.task, augment=_flip_and_crop_8))
-    return spec, pipeline.load_builder(spec, data_dir)
+    return spec, builders.load_builder(spec, data_dir)
 
 
 def _arrays(per_replica, strategy) -> list:
@@ -96,7 +96,7 @@ def test_training_from_the_device_split_equals_training_from_tf_data(small_confi
 
 def test_auto_keeps_numeric_in_memory_splits_on_the_device_and_says_why_not_otherwise(data_dir):
     digits = get_dataset_spec("digits")
-    builder = pipeline.load_builder(digits, data_dir)
+    builder = builders.load_builder(digits, data_dir)
     assert device_split.wanted("auto", digits, builder, on_tpu=False, multi_worker=False)
     assert not device_split.wanted("never", digits, builder, on_tpu=False, multi_worker=False)
     # Several workers: each would receive every other worker's copy at start; 'always' still may.
@@ -113,7 +113,7 @@ def test_tpu_runs_draw_on_the_host_and_always_fails_before_training(data_dir, sm
     """The epoch permutation has no XLA kernel: a TPU config (checked on CPU by --preflight, which builds its
     Trainer on virtual CPUs) never uses the split on the device, and 'always' is a ConfigError at build."""
     digits = get_dataset_spec("digits")
-    builder = pipeline.load_builder(digits, data_dir)
+    builder = builders.load_builder(digits, data_dir)
     assert "no XLA kernel" in device_split.unusable_because(digits, builder, on_tpu=True)
     assert not device_split.wanted("auto", digits, builder, on_tpu=True, multi_worker=False)
     assert not Trainer(small_config(strategy="tpu"), make_strategy("default")).train_data_on_device
@@ -125,7 +125,7 @@ def test_text_kept_as_strings_stays_on_the_host(data_dir):
     from data.registry import bind_task
 
     spec = get_dataset_spec("synthetic_reviews")
-    builder = pipeline.load_builder(spec, data_dir)
+    builder = builders.load_builder(spec, data_dir)
     spec = bind_task(spec, builder, dataset="synthetic_reviews")
     reason = device_split.unusable_because(spec, builder, on_tpu=False)
     assert reason and "strings" in reason, reason

@@ -135,7 +135,7 @@ def test_eval_mode_whose_record_fails_warns_and_does_not_evaluate_twice(tmp_path
     (write_metrics raises the StorageError a full disk gives) to keep it to the recording step."""
     import train
     from common.errors import StorageError
-    from training.run_directory import RunDirectory
+    from training.run_directory.layout import RunDirectory
 
     args = ["train.py", "--gin_file=configs/experiments/digits_mlp.gin", f"--model_dir={tmp_path}",
             "--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10", "--gin_param=EVAL_EVERY=10",

@@ -66,7 +66,7 @@ def test_a_finite_but_exploding_loss_gets_a_divergence_warning(learning_rate, wa
 
 
 def test_the_finite_check_sees_a_nan_in_any_variable():
-    from training.health import make_finite_check, non_finite_names
+    from training.observers.health import make_finite_check, non_finite_names
 
     weights, slot = tf.Variable(np.ones(3, np.float32), name="w"), tf.Variable(np.zeros(2, np.float32), name="m")
     steps = tf.Variable(3, dtype=tf.int64, name="iterations")
@@ -80,7 +80,7 @@ def test_the_finite_check_sees_a_nan_in_any_variable():
 
 
 def test_divergence_monitor_warns_once_per_hundredfold_growth(caplog):
-    from training.health import DivergenceMonitor
+    from training.observers.health import DivergenceMonitor
 
     monitor = DivergenceMonitor()
     losses = {5: 2.3, 10: 0.5, 15: 30.0, 20: 60.0, 25: 600.0, 30: 6000.0, 35: 0.4}

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from common.errors import ConfigError, StorageError
-from common.gcs_checks import check_gcs_paths, location_serves_region
+from gcs.bucket_checks import check_gcs_paths, location_serves_region
 from tests.helpers import run_module, run_train_py
 
 TINY = ["--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10", "--gin_param=EVAL_EVERY=10",
@@ -114,7 +114,7 @@ def test_without_credentials_the_error_names_the_gs_paths_that_need_them(monkeyp
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 
-    from common.gcs_checks import default_client
+    from gcs.bucket_checks import default_client
 
     def no_credentials(*args, **kwargs):
         raise DefaultCredentialsError("none")
@@ -139,8 +139,8 @@ def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs_p
                                                                              monkeypatch):
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
-    from training.run_directory import RunDirectory
-    from training.storage_guard import StorageGuard
+    from training.run_directory.layout import RunDirectory
+    from training.run_directory.storage_guard import StorageGuard
     from training.trainer import Trainer
 
     gcs = gcs_persistent  # Its objects are on disk: they come back with the server.
@@ -181,7 +181,7 @@ def test_an_export_to_gcs_publishes_saved_model_pb_last_and_replaces_an_old_one(
     tf.saved_model.load) must be the last file written and the first one removed, so a kill mid-export never leaves
     a loadable SavedModel with missing or mixed variables. The second export replaces the first (export/best)."""
     from tpu_utils.strategy import make_strategy
-    from training import export
+    from training.run_directory import export
     from training.trainer import Trainer
 
     trainer = Trainer(small_config(), make_strategy("default"))
@@ -211,7 +211,7 @@ def test_an_export_to_gcs_publishes_saved_model_pb_last_and_replaces_an_old_one(
 def test_own_data_staged_again_on_gcs_is_compared_with_its_recorded_source(gcs, gcs_bucket, tmp_path, capsys):
     """The source fingerprint is written to and read from gs:// (tf.io.gfile), with the source on gs:// too: the
     same source does nothing, another one exits 2, and neither rewrites an object."""
-    from data import stage
+    from data.stage import cli as stage
 
     data_dir, rng = f"gs://{gcs_bucket}/tfds", np.random.default_rng(0)
     for name in ("first", "second"):

@@ -68,7 +68,7 @@ def test_names_gcs_would_keep_apart_are_refused_or_not_found(backend, request):
 
 
 def test_generation_preconditions_answer_412(gcs, gcs_bucket):
-    """training/run_lock.py's GcsLock relies on them: create-if-absent, heartbeat and release of its generation."""
+    """gcs/run_lock.py's GcsLock relies on them: create-if-absent, heartbeat and release of its generation."""
     from google.api_core.exceptions import PreconditionFailed
 
     blob = gcs.client().bucket(gcs_bucket).blob("run/run.lock")
@@ -107,7 +107,7 @@ def test_tensorflow_retries_a_busy_server_and_names_the_cause_when_retries_run_o
 def test_a_checkpoint_save_the_server_keeps_refusing_names_the_cause(status, cause, gcs, gcs_bucket, small_config):
     """The error a user reads after TensorFlow's retries (429) or at once (401, an expired token) says why."""
     from tpu_utils.strategy import make_strategy
-    from training.checkpoints import CheckpointStore
+    from training.run_directory.checkpoints import CheckpointStore
     from training.trainer import Trainer
 
     trainer = Trainer(small_config(), make_strategy("default"))
@@ -122,7 +122,8 @@ def test_a_checkpoint_save_the_server_keeps_refusing_names_the_cause(status, cau
 
 def test_google_cloud_storage_retries_the_lock_upload(gcs, gcs_bucket):
     """The lock's create-if-absent (if_generation_match=0) is retried on 503 by google-cloud-storage's defaults."""
-    from training.run_lock import LOCK_NAME, GcsLock
+    from gcs.run_lock import GcsLock
+    from training.run_directory.lock import LOCK_NAME
 
     rule = gcs.inject_failures(f"POST /upload/storage/v1/b/{gcs_bucket}/.* run/{LOCK_NAME}$", 503, 2)
     lock = GcsLock(f"gs://{gcs_bucket}/run")

@@ -7,7 +7,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
-from data import imagenet, pipeline
+from data import builders, imagenet, pipeline
 from data.registry import get_dataset_spec
 from helpers import checkpoint_values, run_module, run_train_py
 
@@ -73,7 +73,7 @@ def test_staging_from_the_tar_files_builds_the_dataset(tmp_path):
     manual = write_manual_dir(str(tmp_path / "manual"), classes=2, per_class=3, validation=4)
     result = run_module("data.stage", "--dataset=imagenet2012", f"--data_dir={tmp_path}/tfds", f"--manual_dir={manual}")
     assert result.returncode == 0, result.stderr
-    builder = pipeline.find_builder("imagenet2012", str(tmp_path / "tfds"))
+    builder = builders.find_builder("imagenet2012", str(tmp_path / "tfds"))
     assert builder.info.splits["train"].num_examples == 6 and builder.info.splits["validation"].num_examples == 4
 
 
@@ -81,7 +81,7 @@ def test_unprepared_imagenet_is_a_config_error_naming_the_fix(tmp_path):
     """Training or a preflight on a DATA_DIR without ImageNet: the staging command, and nothing written there."""
     with pytest.raises(ConfigError, match="ILSVRC2012_img_train.tar.*python -m data.stage --dataset=imagenet2012 "
                                           f"--manual_dir=DIR --data_dir={tmp_path}"):
-        pipeline.load_builder(get_dataset_spec("imagenet2012"), str(tmp_path))
+        builders.load_builder(get_dataset_spec("imagenet2012"), str(tmp_path))
     assert not list(tmp_path.iterdir())
 
 

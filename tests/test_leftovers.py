@@ -1,4 +1,5 @@
-"""What a killed run leaves in model_dir is removed by the next one (training/leftovers.py), exactly that and nothing
+"""What a killed run leaves in model_dir is removed by the next one (training/run_directory/leftovers.py), exactly
+that and nothing
 else, on local folders and on gs:// with exact object names (tests/gcs/: as strict as GCS).
 
 The end-to-end case: `python train.py --model_dir=gs://...` killed (SIGKILL) in the middle of copying its export
@@ -18,7 +19,7 @@ import tensorflow as tf
 from common.storage_paths import join
 from tests.gcs.emulator import EARLY_ENVIRONMENT
 from tests.helpers import REPO_ROOT
-from training.leftovers import remove_leftovers
+from training.run_directory.leftovers import remove_leftovers
 
 LEFTOVERS = ["export/.20.tmp-0a1b2c3d/saved_model.pb", "export/.20.tmp-0a1b2c3d/variables/variables.index",
              "export/.best.tmp-99aa00ff/fingerprint.pb", "checkpoints/ckpt-30_temp/part-00000-of-00001.index",
@@ -82,7 +83,7 @@ def test_objects_with_a_double_slash_below_model_dir_are_removed_and_nothing_out
 def test_only_a_chief_that_may_write_removes_them(small_config, tmp_path):
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
-    from training.run_directory import RunDirectory
+    from training.run_directory.layout import RunDirectory
     from training.trainer import Trainer
 
     model_dir = str(tmp_path / "run")

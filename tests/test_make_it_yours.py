@@ -8,7 +8,7 @@ import re
 import pytest
 
 from helpers import REPO_ROOT
-from training import replica_invariance
+from tools import replica_invariance
 
 GUIDE = os.path.join(REPO_ROOT, "docs", "make_it_yours.md")
 MLP = "configs/experiments/digits_mlp.gin"
@@ -24,7 +24,7 @@ def guide():
     are restored after the module's tests."""
     from data import registry as datasets
     from models import registry as models
-    from training import losses, metrics, optimizers
+    from training.learning import losses, metrics, optimizers
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         for module, name in ((models, "MODELS"), (losses, "LOSSES"), (metrics, "METRICS"),
@@ -81,7 +81,7 @@ def test_the_guides_task_learns_parity_and_serves_its_class_names(data_dir, guid
 
 
 def test_the_guides_step_decay_schedule_decays_at_its_boundaries(guide):
-    from training.optimizers import SCHEDULES
+    from training.learning.optimizers import SCHEDULES
 
     schedule = SCHEDULES["step_decay"](0.1, 1000)
     assert [round(float(schedule(step)), 6) for step in (0, 499, 501, 751)] == [0.1, 0.1, 0.01, 0.001]

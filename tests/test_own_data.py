@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data import stage
+from data.stage import cli as stage
 from helpers import REPO_ROOT, run_module, run_train_py, write_class_images
 
 TINY = ["--gin_param=TRAIN_STEPS=60", "--gin_param=STEPS_PER_LOOP=20", "--gin_param=EVAL_EVERY=0",

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_utils.strategy import make_strategy
-from training import step
+from training.learning import step
 from training.trainer import Trainer
 
 
@@ -141,7 +141,7 @@ def test_every_model_trains_in_float64_end_to_end(name, small_config):
     import gin
     import tensorflow as tf
 
-    from training.losses import get_loss
+    from training.learning.losses import get_loss
 
     gin.bind_parameter(f"{name}.dropout_rate", 0.2)
     if name == "resnet":

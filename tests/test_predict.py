@@ -1,4 +1,4 @@
-"""`python -m serving.predict` (serving/predict.py, serving/inputs.py) on real exports of short runs of the shipped
+"""`python -m tools.predict` (tools/predict.py, tools/prediction_inputs.py) on real exports of short runs of the shipped
 tasks (tests/serving_runs.py): each kind of input (an image file, a folder of images, a CSV with and without a
 header, a text file, a .npy, a Vertex AI .json request) gives the training-time model's predictions with class
 names; each bad input exits 2 with one `error:` line, and those that need no image decoding are refused before
@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 from helpers import REPO_ROOT, run_module
-from serving import predict
 from serving_runs import relative_difference
+from tools import predict
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -66,7 +66,7 @@ def test_a_folder_of_images_through_the_command_line(served, tmp_path):
     for index, image in enumerate(images):
         _write_png(tmp_path / "digits" / f"{index}.png", image)
     (tmp_path / "digits" / "notes.txt").write_text("not an image: skipped by its suffix")
-    result = run_module("serving.predict", f"--export={run.export_dir}", f"--input={tmp_path / 'digits'}",
+    result = run_module("tools.predict", f"--export={run.export_dir}", f"--input={tmp_path / 'digits'}",
                         f"--output={tmp_path / 'out.csv'}", timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = _csv_rows((tmp_path / "out.csv").read_text())
@@ -119,7 +119,7 @@ def test_a_text_file_of_lines_through_the_command_line(served, tmp_path):
     run = served("text")
     texts = [text.decode() for text in run.eval_inputs(4)["text"]]
     (tmp_path / "reviews.txt").write_text("\n\n".join(texts) + "\n")  # Blank lines between them are skipped.
-    result = run_module("serving.predict", f"--export={run.export_dir}", f"--input={tmp_path / 'reviews.txt'}",
+    result = run_module("tools.predict", f"--export={run.export_dir}", f"--input={tmp_path / 'reviews.txt'}",
                         f"--output={tmp_path / 'out.jsonl'}", timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]

@@ -1,9 +1,9 @@
 """The same global batch trains the same weights at 1, 2, 4 and 8 replicas, for every shipped model, loss, optimizer
 and offline experiment config; a model, loss or config added without a case here fails the suite.
 
-Checked as the README says (training/replica_invariance.py): float64, the shipped configs' learning rate, schedule
+Checked as the README says (tools/replica_invariance.py): float64, the shipped configs' learning rate, schedule
 and momentum, enough steps to leave the warm-up, L2 and a binding clip forced on, worst tensor within 1e-9.
-Negative controls plant each classic scaling bug in training/step.py and show that the README's command on the
+Negative controls plant each classic scaling bug in training/learning/step.py and show that the README's command on the
 default config exits 1 for it. Float32 is tested only for what holds there (agreement to rounding over a few steps).
 """
 
@@ -18,8 +18,10 @@ import tensorflow as tf
 from data.registry import get_dataset_spec
 from helpers import REPO_ROOT, run_module
 from models.registry import MODELS
-from training import config_files, experiment, replica_invariance, step
-from training.losses import LOSSES
+from tools import replica_invariance
+from training import config_files, experiment
+from training.learning import step
+from training.learning.losses import LOSSES
 
 REPLICAS = [1, 2, 4, 8]
 DEFAULT = "configs/default.gin"
@@ -34,9 +36,9 @@ def _shipped(config_file: str, *params: str):
 
 
 # The one list of invariance cases: (config, its overrides, replica counts). Every model in models/registry.py,
-# every loss in training/losses.py and every offline experiment config must appear in one (checked below, so a model,
-# loss or config you add cannot skip the check); the optimizers each model is used with; shipped learning rates and
-# schedules (Adam and AdamW at their usual 1e-3); dropout on where a model has it.
+# every loss in training/learning/losses.py and every offline experiment config must appear in one (checked below, so a
+# model, loss or config you add cannot skip the check); the optimizers each model is used with; shipped learning rates
+# and schedules (Adam and AdamW at their usual 1e-3); dropout on where a model has it.
 CASES = {
     "cnn-sgd": (DEFAULT, (), REPLICAS),
     "cnn-adam-dropout": (DEFAULT, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "cnn.dropout_rate=0.3"),
@@ -137,7 +139,7 @@ def _clip_then_sum(gradients, clip_norm):
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(PLANTED_BUGS))
 def test_the_readme_command_fails_on_each_planted_bug(data_dir, monkeypatch, capsys, bug):
-    """`python -m training.replica_invariance --gin_file=configs/default.gin` exits 1, far outside the tolerance."""
+    """`python -m tools.replica_invariance --gin_file=configs/default.gin` exits 1, far outside the tolerance."""
     PLANTED_BUGS[bug](monkeypatch)
     assert replica_invariance.main(["replica_invariance", f"--gin_file={DEFAULT}", "--replicas=1,2,4,8"]) == 1
     output = capsys.readouterr().out
@@ -148,7 +150,7 @@ def test_the_readme_command_fails_on_each_planted_bug(data_dir, monkeypatch, cap
 
 
 def test_the_readme_command_passes_on_main(data_dir):
-    result = run_module("training.replica_invariance", f"--gin_file={DEFAULT}", "--replicas=1,2,4,8", timeout=600)
+    result = run_module("tools.replica_invariance", f"--gin_file={DEFAULT}", "--replicas=1,2,4,8", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout and "float64, 60 steps" in result.stdout
     assert "forced on: kernel L2 0.001, clip_global_norm" in result.stdout
@@ -211,7 +213,7 @@ def test_float32_agrees_to_rounding_over_the_first_steps(data_dir):
 def test_a_loss_that_returns_a_mean_is_rejected(small_config, monkeypatch):
     """A user loss that averages (shape []) instead of returning per-example losses fails before the check runs."""
     from common.errors import ConfigError
-    from training import losses
+    from training.learning import losses
 
     monkeypatch.setitem(losses.LOSSES, "mean_loss", lambda labels, logits: tf.reduce_mean(
         tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)))
@@ -221,7 +223,7 @@ def test_a_loss_that_returns_a_mean_is_rejected(small_config, monkeypatch):
 
 def test_the_step_rejects_a_mean_loss_when_traced_too():
     """The second line of defence, for a step built without a Trainer: check_per_example refuses a scalar."""
-    from training import step
+    from training.learning import step
 
     with pytest.raises(ValueError, match="per-example losses of shape \\[4\\]"):
         step.check_per_example(tf.zeros([]), tf.zeros([4]))

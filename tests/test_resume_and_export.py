@@ -55,7 +55,7 @@ def test_resuming_with_another_batch_size_is_refused(tmp_path, data_dir):
 def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path, small_config):
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
-    from training.run_directory import RunDirectory
+    from training.run_directory.layout import RunDirectory
     from training.trainer import Trainer
 
     trainer = Trainer(small_config(model="cnn", train_steps=10), make_strategy("default"))
@@ -99,7 +99,7 @@ def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path
 def test_a_resumed_run_uses_the_newly_configured_learning_rate(tmp_path, small_config):
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
-    from training.run_directory import RunDirectory
+    from training.run_directory.layout import RunDirectory
     from training.trainer import Trainer
 
     first = Trainer(small_config(train_steps=5, learning_rate=0.05), make_strategy("default"))

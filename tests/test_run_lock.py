@@ -11,8 +11,9 @@ import time
 import pytest
 
 from common.errors import ConfigError
+from gcs.run_lock import GcsLock
 from helpers import run_train_py
-from training.run_lock import LOCK_NAME, GcsLock, LocalLock, RunDirectoryInUse
+from training.run_directory.lock import LOCK_NAME, LocalLock, RunDirectoryInUse
 
 TINY = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=TRAIN_STEPS=10", "--gin_param=STEPS_PER_LOOP=5",
         "--gin_param=EVAL_EVERY=0", "--gin_param=experiment.lr_schedule='constant'"]

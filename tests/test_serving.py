@@ -1,4 +1,5 @@
-"""Exports that real servers load (training/export.py, serving/): for every shipped task, a short real run's
+"""Exports that real servers load (training/run_directory/export.py, serving/): for every shipped task, a short real
+run's
 export/<step>/ (and the tabular run's export/best/) served by the graph-mode loader that TF Serving, Vertex AI and
 `saved_model_cli run` use, and by tf.saved_model.load, returns the training-time model's outputs on the same raw
 inputs (<= 1e-5; class ids and names equal). Its TF Serving warmup file parses and each request runs through the
@@ -85,7 +86,8 @@ def test_the_best_export_holds_the_best_checkpoint(served):
 
 
 def test_the_export_as_written_before_fails_in_the_graph_mode_loader(served, tmp_path):
-    """Negative control: what training/export.py wrote before (a tf.Module holding the Keras model, saved with
+    """Negative control: what training/run_directory/export.py wrote before (a tf.Module holding the Keras model,
+    saved with
     tf.saved_model.save) loads in tf.saved_model.load but not where servers load it."""
     run = served("image")
     task, model = run.trainer.task, run.trainer.model
@@ -254,7 +256,7 @@ def test_a_task_without_serving_example_exports_without_requests(served, tmp_pat
     from serving.examples import first_examples
     from tasks.base import Task
     from tasks.image_classification import ImageClassification
-    from training.export import export_saved_model
+    from training.run_directory.export import export_saved_model
 
     @dataclasses.dataclass(frozen=True)
     class Bare(ImageClassification):

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
-from data import pipeline, shard_stream
+from data import builders, pipeline, shard_stream
 from data.registry import get_dataset_spec
 
 GLOBAL_BATCH = 24
@@ -22,9 +22,9 @@ SPEC = dataclasses.replace(get_dataset_spec("digits"), read_by_shard=True)
 
 @pytest.fixture(scope="module")
 def sharded_digits(tmp_path_factory):
-    builder = pipeline.find_builder(SPEC.tfds_name, str(tmp_path_factory.mktemp("digits_7_shards")),
+    builder = builders.find_builder(SPEC.tfds_name, str(tmp_path_factory.mktemp("digits_7_shards")),
                                     module=SPEC.module)
-    pipeline.prepare(builder, tfds.download.DownloadConfig(num_shards=7))
+    builders.prepare(builder, tfds.download.DownloadConfig(num_shards=7))
     assert len(builder.info.splits["train"].shard_lengths) == 7
     return builder
 
@@ -126,8 +126,8 @@ def test_more_hosts_than_shard_files_is_a_config_error(sharded_digits):
 
 def test_a_split_without_shard_metadata_names_the_stage_command_to_run(tmp_path):
     """A builder whose dataset is not prepared in DATA_DIR: the exact command, with this DATASET name and folder."""
-    builder = pipeline.find_builder(SPEC.tfds_name, str(tmp_path), module=SPEC.module)
+    builder = builders.find_builder(SPEC.tfds_name, str(tmp_path), module=SPEC.module)
     with pytest.raises(ConfigError) as raised:
-        shard_stream.check_readable(builder, "train")
+        shard_stream.check_readable(builder, "train", dataset=SPEC.stage_name())
     assert str(raised.value).endswith(f"prepare the dataset there first: python -m data.stage --dataset=digits "
                                       f"--data_dir={tmp_path}"), raised.value

@@ -48,7 +48,7 @@ def test_sigterm_after_the_final_evaluation_saves_the_checkpoint_and_the_rerun_e
     code, stdout, stderr = _signal_when(model_dir, "eval step 20", signal.SIGTERM)
     assert code == 3, stdout[-2000:] + stderr[-2000:]
     assert "Stopped by SIGTERM after the" in stderr and "ckpt-20 saved" in stderr, stderr
-    from training.checkpoints import verify
+    from training.run_directory.checkpoints import verify
 
     assert verify(os.path.join(model_dir, "checkpoints", "ckpt-20")) is None
     export = os.path.join(model_dir, "export", "20")

@@ -17,8 +17,9 @@ import time
 
 import pytest
 
+from gcs.run_lock import GcsLock
 from helpers import REPO_ROOT, run_train_py
-from training.run_lock import LOCK_NAME, GcsLock, RunLockLost
+from training.run_directory.lock import LOCK_NAME, RunLockLost
 
 DIGITS = "--gin_file=configs/experiments/digits_mlp.gin"
 CONSTANT = "--gin_param=experiment.lr_schedule='constant'"
@@ -183,9 +184,9 @@ def test_a_gcs_lock_whose_heartbeat_stopped_is_waited_for_then_taken_over(gcs, g
 
 HISTORY_UNDER_A_SIZE_LIMIT = textwrap.dedent("""
     import os, resource, signal, sys
-    from training.history import History
+    from training.run_directory.history import History
     from training.run_directory import RunDirectory
-    from training.summaries import Summaries
+    from training.observers.summaries import Summaries
 
     run_dir = RunDirectory(sys.argv[1])
     history, summaries = History(run_dir), Summaries(run_dir)
@@ -335,10 +336,10 @@ def test_an_outage_at_start_up_is_a_storage_error_wherever_it_happens(gcs, gcs_b
 
     from common.errors import StorageError
     from common.storage_errors import outage_message
-    from data import pipeline
+    from data import builders
     from data.registry import get_dataset_spec
-    from training.checkpoints import checkpoint_steps
-    from training.run_directory import RunDirectory
+    from training.run_directory.checkpoints import checkpoint_steps
+    from training.run_directory.layout import RunDirectory
 
     model_dir = f"gs://{gcs_bucket}/run"
     tf.io.gfile.makedirs(f"{model_dir}/checkpoints")
@@ -351,7 +352,7 @@ def test_an_outage_at_start_up_is_a_storage_error_wherever_it_happens(gcs, gcs_b
         with pytest.raises(StorageError, match="creating the lock .* Rerun the same command"):
             GcsLock(model_dir, storage_timeout_seconds=2).acquire()
         with pytest.raises(StorageError, match=f"DATA_DIR='gs://{gcs_bucket}/tfds' did not answer"):
-            pipeline.load_builder(get_dataset_spec("digits"), f"gs://{gcs_bucket}/tfds")
+            builders.load_builder(get_dataset_spec("digits"), f"gs://{gcs_bucket}/tfds")
         try:  # Anywhere else: the line train.py prints for it (exit 6).
             tf.io.gfile.exists(f"{model_dir}/operative_config.gin")
         except tf.errors.OpError as error:
@@ -374,7 +375,7 @@ def test_a_profiler_trace_is_discarded_once_the_run_may_not_write(tmp_path):
     """The trace is written at its end: after the run lost its lock (or its storage), it must not be."""
     import tensorflow as tf
 
-    from training.profiling import Profiler
+    from training.observers.profiling import Profiler
 
     for may_write, folder in ((False, tmp_path / "lost"), (True, tmp_path / "held")):
         profiler = Profiler((0, 5), str(folder), may_write=lambda may_write=may_write: may_write)

@@ -118,7 +118,7 @@ def test_the_listing_check_reports_the_old_export_copy(tmp_path):
     (tmp_path / "training" / "export.py").write_text(
         "import tensorflow as tf\n\n\ndef _move(source, target):\n"
         "    return [f'{folder}/{name}' for folder, _, names in tf.io.gfile.walk(source) for name in names]\n")
-    assert listing_calls(str(tmp_path)) == ["training/export.py:5 tf.io.gfile.walk"]
+    assert listing_calls(str(tmp_path)) == ["training/run_directory/export.py:5 tf.io.gfile.walk"]
 
 
 @pytest.mark.parametrize("backend", ["memory", "filesystem"])
@@ -126,7 +126,7 @@ def test_an_export_with_the_old_join_planted_fails_on_either_test_server(backend
     """The planted defect fails against the server: the memory backend keeps names exact, and with the filesystem
     backend (which would map 'a//b' onto 'a/b') the proxy answers 404 for such names, as GCS does."""
     from tpu_utils.strategy import make_strategy
-    from training import export
+    from training.run_directory import export
     from training.trainer import Trainer
 
     gcs = request.getfixturevalue("gcs" if backend == "memory" else "gcs_persistent")

@@ -129,15 +129,15 @@ def test_each_tasks_batch_preparation_equals_its_per_example_preparation(dataset
     `augment`: digits with a random crop/flip keyed by per-example seeds (CIFAR-10's augmentation on 8x8 images)."""
     import dataclasses
 
-    from data import pipeline, registry
+    from data import builders, registry
 
     spec = registry.DATASETS[dataset]
     if augment:
         spec = dataclasses.replace(spec, task=dataclasses.replace(spec.task, augment=_flip_and_crop_8))
-    builder = pipeline.load_builder(spec, data_dir)
+    builder = builders.load_builder(spec, data_dir)
     spec = registry.bind_task(spec, builder, dataset=dataset)
     features = builder.info.features
-    examples = next(iter(pipeline._encoded_split(spec, builder, spec.train_split).batch(64)))
+    examples = next(iter(builders.encoded_split(spec, builder, spec.train_split).batch(64)))
     seeds = tf.random.stateless_uniform([64, 2], seed=[1, 2], minval=0, maxval=2 ** 31 - 1, dtype=tf.int32)
     inputs, targets = spec.task.prepare_batch(examples, features, seeds=seeds)
     for index in range(64):

@@ -1,4 +1,4 @@
-"""The mapping from TPU slices to shipped configs (tpu_utils/tpu/configs.py) agrees with the config files.
+"""The mapping from TPU slices to shipped configs (tools/tpu_configs.py) agrees with the config files.
 
 Each config declares its replica count; a slice must get a config written for exactly its replicas, or a clear
 error. (That every TPU config passes `--preflight` is tests/test_preflight.py's job.)
@@ -10,7 +10,7 @@ import os
 import pytest
 
 from tests.helpers import REPO_ROOT
-from tpu_utils.tpu import configs as tpu_configs
+from tools import tpu_configs
 from tpu_utils.tpu.generations import parse_accelerator_type
 
 TODAYS_SLICES = ["v5litepod-1", "v6e-1", "v5litepod-4", "v6e-4", "v5litepod-8", "v6e-8", "v5p-8", "v4-8", "v3-8",

@@ -1,4 +1,4 @@
-"""tpu_utils/tpu/source_archive.py: what scripts/tpu_vm.py sends to every TPU worker, on real git checkouts.
+"""scripts/source_archive.py: what scripts/tpu_vm.py sends to every TPU worker, on real git checkouts.
 
 The rule under test: exactly the files git tracks (in their working-tree state) plus what --include names; never an
 untracked secret, virtualenv or dataset; a tracked file is sent wherever it lies (the old `tar --exclude=runs` dropped
@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 
-from tpu_utils.tpu.source_archive import SourceError, select, write_archive
+from scripts.source_archive import SourceError, select, write_archive
 
 TRACKED = {"train.py": "print('train')\n", "README.md": "read me\n", "data/runs/keep.py": "KEEP = 1\n",
            "configs/a.gin": "A = 1\n", "gone.py": "deleted here, still in git's index\n"}

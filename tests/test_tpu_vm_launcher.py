@@ -378,7 +378,7 @@ def test_a_copy_that_is_not_a_git_checkout_is_refused_before_anything_is_created
 
 def test_the_job_commands_refuse_values_that_would_be_shell_text():
     """The launcher's own values (folder, attempt, offset, environment names) are never quoted: they are checked."""
-    from tpu_utils.tpu.remote_job import poll_command, start_command, stop_command
+    from scripts.remote_job import poll_command, start_command, stop_command
 
     assert "base64 -d" in start_command("tpu-template", 0, {"TPU_LOAD_LIBRARY": "0"}, ["train.py"])
     for bad in (lambda: start_command("x; touch y", 0, {}, ["train.py"]),

@@ -1,6 +1,6 @@
 """Watching a run (issue 14) through train.py: progress lines with an ETA (plain and on a terminal), metrics.jsonl
 across a kill and resume, the best checkpoint and export, TensorBoard's config text, hparams, images and scalars,
-a PROFILE_STEPS trace read by the profile plugin's converter, and training.compare on local and gs:// runs."""
+a PROFILE_STEPS trace read by the profile plugin's converter, and tools.compare on local and gs:// runs."""
 
 import fcntl
 import glob
@@ -40,7 +40,7 @@ def _records(model_dir: str) -> list[dict]:
 # --- progress ---------------------------------------------------------------------------------------------------
 
 def test_the_eta_is_the_remaining_steps_over_the_moving_average_without_the_first_loop():
-    from training.progress import WINDOW, Progress
+    from training.observers.progress import WINDOW, Progress
 
     now = [0.0]
     progress = Progress(1000, 64, enabled=False, interactive=False, clock=lambda: now[0])
@@ -163,11 +163,11 @@ def _eval_accuracy(export_dir: str) -> float:
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    from data import pipeline
+    from data import builders
     from data.registry import get_dataset_spec
 
     spec = get_dataset_spec("digits")
-    builder = pipeline.load_builder(spec, os.environ["TFDS_DATA_DIR"])
+    builder = builders.load_builder(spec, os.environ["TFDS_DATA_DIR"])
     examples = tfds.as_numpy(builder.as_dataset(split=spec.eval_split, batch_size=-1))
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     classes = serve(images=tf.constant(examples["image"]))["classes"].numpy()
@@ -262,7 +262,7 @@ def test_compare_tables_three_runs_one_on_gcs_and_plots_their_curves(full_run, t
         result = run_train_py(*common, *extra, f"--model_dir={model_dir}")
         assert result.returncode == 0, result.stderr[-2000:]
     png = str(tmp_path / "curves.png")
-    compared = run_module("training.compare", full_run, local, remote, "--metric=eval/accuracy", f"--plot={png}")
+    compared = run_module("tools.compare", full_run, local, remote, "--metric=eval/accuracy", f"--plot={png}")
     assert compared.returncode == 0, compared.stderr[-2000:]
     rows = {line.split("  ")[0]: line.split()[len(line.split("  ")[0].split()):]
             for line in compared.stdout.splitlines() if line.strip()}
@@ -278,7 +278,7 @@ def test_compare_tables_three_runs_one_on_gcs_and_plots_their_curves(full_run, t
 
 
 def _remote_records(model_dir: str) -> list[dict]:
-    from training.history import read_records
+    from training.run_directory.history import read_records
 
     return read_records(f"{model_dir}/metrics.jsonl")
 

@@ -9,7 +9,7 @@ import dataclasses
 import math
 
 from common.errors import ConfigError
-from training.storage_guard import DEFAULT_TIMEOUT_SECONDS
+from training.run_directory.storage_guard import DEFAULT_TIMEOUT_SECONDS
 
 # The fields configs/base.gin binds to a macro of the same name in upper case (README.md, "Macros"): an error names
 # them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py checks this
@@ -47,8 +47,8 @@ class ExperimentConfig:
     seed: int = 0
     optimizer: str = "sgd"
     lr_schedule: str = "constant"
-    loss: str | None = None  # Per-example loss by name (training/losses.py); None = the task's default.
-    metrics: tuple[str, ...] | None = None  # Metric names (training/metrics.py); None = the task's defaults.
+    loss: str | None = None  # Per-example loss by name (training/learning/losses.py); None = the task's default.
+    metrics: tuple[str, ...] | None = None  # Metric names (training/learning/metrics.py); None = the task's defaults.
     clip_global_norm: float | None = None  # Clip the replica-summed gradients to this global norm; None = off.
     eval_batch_size: int | None = None  # Global eval batch; None = global_batch_size.
     checkpoints_to_keep: int = 3

@@ -18,7 +18,8 @@ from common.errors import ConfigError
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # Where `include 'configs/...'` is found.
 DEFAULT_GIN_FILE = "configs/default.gin"  # The offline digits experiment: what train.py runs with no --gin_file.
 # Modules whose @gin.configurable functions a config may bind.
-CONFIGURABLE_MODULES = ("training.experiment", "training.losses", "training.optimizers", "models.registry")
+CONFIGURABLE_MODULES = ("training.experiment", "training.learning.losses", "training.learning.optimizers",
+                        "models.registry")
 # Macros without a default in configs/base.gin: each experiment must set them.
 REQUIRED_MACROS = ("MODEL", "DATASET", "GLOBAL_BATCH_SIZE", "TRAIN_STEPS", "LEARNING_RATE")
 

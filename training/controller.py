@@ -2,12 +2,13 @@
 
 Between two on-device loops of STEPS_PER_LOOP steps it: checks the loss and every weight and optimizer variable
 are finite (else exit 4 naming the newest finite checkpoint; nothing non-finite is ever saved), warns when the loss
-diverges, shows progress with an ETA (training/progress.py), appends to metrics.jsonl (training/history.py), writes
-TensorBoard summaries (training/summaries.py), profiles PROFILE_STEPS (training/profiling.py), evaluates every
-EVAL_EVERY steps (rewriting metrics.json; keeping the best checkpoint by BEST_METRIC, training/best.py),
-checkpoints every CHECKPOINT_EVERY steps (training/checkpoints.py: read back before older ones are deleted), and
-honours SIGTERM/SIGINT (checkpoint, then exit 3). At the end it evaluates, checkpoints and exports; a stop
-requested during that still writes the final checkpoint first.
+diverges, shows progress with an ETA (training/observers/progress.py), appends to metrics.jsonl
+(training/run_directory/history.py), writes TensorBoard summaries (training/observers/summaries.py), profiles
+PROFILE_STEPS (training/observers/profiling.py), evaluates every EVAL_EVERY steps (rewriting metrics.json; keeping the
+best checkpoint by BEST_METRIC, training/run_directory/best.py), checkpoints every CHECKPOINT_EVERY steps
+(training/run_directory/checkpoints.py: read back before older ones are deleted), and honours SIGTERM/SIGINT
+(checkpoint, then exit 3). At the end it evaluates, checkpoints and exports; a stop requested during that still
+writes the final checkpoint first.
 """
 
 import dataclasses
@@ -21,18 +22,19 @@ from common.errors import ConfigError, NonFiniteLossError, StorageError, Trainin
 from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
-from training import run_identity, stop_signals
-from training.best import BestKeeper
-from training.checkpoints import CheckpointStore
-from training.export import export_trainer
-from training.health import DivergenceMonitor, make_finite_check, non_finite_names
-from training.history import History
-from training.leftovers import remove_leftovers
-from training.profiling import Profiler
-from training.profiling import start_server as start_profiler_server
-from training.progress import Progress
-from training.run_directory import RunDirectory
-from training.summaries import Summaries
+from training import stop_signals
+from training.observers.health import DivergenceMonitor, make_finite_check, non_finite_names
+from training.observers.profiling import Profiler
+from training.observers.profiling import start_server as start_profiler_server
+from training.observers.progress import Progress
+from training.observers.summaries import Summaries
+from training.run_directory import identity as run_identity
+from training.run_directory.best import BestKeeper
+from training.run_directory.checkpoints import CheckpointStore
+from training.run_directory.export import export_trainer
+from training.run_directory.history import History
+from training.run_directory.layout import RunDirectory
+from training.run_directory.leftovers import remove_leftovers
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -60,8 +62,8 @@ class Controller:
                                      options=tf.train.CheckpointOptions(experimental_io_device=io_device_for(
                                          trainer.strategy, run_dir.checkpoint_write_dir)),
                                      verify_saves=run_dir.is_chief)
-        # Every write asks the guard first (training/storage_guard.py); a multi-worker save is collective, so one
-        # worker cannot retry it alone.
+        # Every write asks the guard first (training/run_directory/storage_guard.py); a multi-worker save is collective,
+        # so one worker cannot retry it alone.
         run_dir.guard.recovery = self.store.previous_phrase
         run_dir.guard.retries = not is_multi_worker(trainer.strategy)
         self._all_finite = make_finite_check(self._state_variables())
@@ -110,7 +112,8 @@ class Controller:
     def restore(self, *, writable: bool = True) -> int:
         """Restores the newest intact checkpoint if there is one (after checking it belongs to this run); returns
         the step. Damaged newer checkpoints are skipped with a warning; none intact among files is exit 2. The chief
-        of a run that may write model_dir first removes what a killed run left there (training/leftovers.py)."""
+        of a run that may write model_dir first removes what a killed run left there
+        (training/run_directory/leftovers.py)."""
         if writable and self.run_dir.is_chief:
             remove_leftovers(self.run_dir.model_dir)
         latest = self.store.find_restorable(writable=writable and self.run_dir.is_chief)

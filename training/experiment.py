@@ -12,16 +12,17 @@ import time
 import gin
 
 from common.errors import ConfigError, StorageError
-from common.gcs_checks import check_gcs_paths
+from common.extras import check_gcs_paths
 from common.storage_errors import transient
 from models.registry import get_model_builder
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
-from training import run_lock, stop_signals
+from training import stop_signals
 from training.config import ExperimentConfig
 from training.controller import Controller
-from training.run_directory import RunDirectory
-from training.storage_guard import StorageGuard
+from training.run_directory import lock as run_lock
+from training.run_directory.layout import RunDirectory
+from training.run_directory.storage_guard import StorageGuard
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ devices it builds the real input pipelines and model, then checks:
   recompile instead);
 - on a pod slice (TPU set to a name), DATA_DIR and model_dir are on gs:// (the input pipeline runs on every host's
   CPU and checkpoints are written by the TPU hosts: local paths exist on worker 0 only);
-- gs:// buckets exist, are writable and in the TPU's region (common/gcs_checks.py);
+- gs:// buckets exist, are writable and in the TPU's region (gcs/bucket_checks.py);
 - the train step of one replica compiles with XLA (compile only, nothing runs): strings, py_function and other ops
   a TPU cannot run fail here instead of on the TPU.
 It prints one line per check and every problem found, not just the first.
@@ -20,7 +20,7 @@ import time
 import tensorflow as tf
 
 from common.errors import ConfigError
-from common.gcs_checks import check_gcs_paths
+from common.extras import check_gcs_paths
 from tpu_utils.strategy import configure_virtual_cpus, make_strategy
 from training.config import ExperimentConfig
 from training.trainer import Trainer

@@ -1,7 +1,7 @@
 """Trainer: the model, optimizer, metrics, data and compiled loops of one run, built under one strategy.
 
 It knows how to run N training steps and one exact evaluation; it does not decide when (training/controller.py
-does). The replica-invariance check (training/replica_invariance.py) builds Trainers at several replica counts.
+does). The replica-invariance check (tools/replica_invariance.py) builds Trainers at several replica counts.
 """
 
 import inspect
@@ -11,17 +11,17 @@ import keras
 import tensorflow as tf
 
 from common.errors import ConfigError
-from data import device_split, pipeline
+from data import builders, device_split, pipeline
 from data.registry import bind_task, get_dataset_spec
 from models.registry import MODELS, get_model_builder
 from tpu_utils import loop
 from tpu_utils.strategy import io_device_for, is_multi_worker
-from training import step
 from training.build_scope import seeded_build
 from training.config import ExperimentConfig
-from training.losses import check_per_example_losses, get_loss
-from training.metrics import make_metrics
-from training.optimizers import make_optimizer
+from training.learning import step
+from training.learning.losses import check_per_example_losses, get_loss
+from training.learning.metrics import make_metrics
+from training.learning.optimizers import make_optimizer
 
 
 class Trainer:
@@ -38,7 +38,7 @@ class Trainer:
         config.check_replicas(strategy.num_replicas_in_sync, training=training)
         spec = get_dataset_spec(config.dataset, config.data_dir)
         model_builder = get_model_builder(config.model)
-        self.data = pipeline.load_builder(spec, config.data_dir)
+        self.data = builders.load_builder(spec, config.data_dir)
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
         self.dataset_spec = bind_task(spec, self.data, dataset=config.dataset)
         self.task = self.dataset_spec.task

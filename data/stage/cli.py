@@ -38,8 +38,8 @@ def stage(dataset: str, data_dir: str, manual_dir: str | None = None) -> bool:
     """Prepares `dataset` in `data_dir`; returns False when it was already there (nothing done)."""
     import tensorflow_datasets as tfds
 
-    from common.gcs_checks import check_gcs_paths
-    from data.pipeline import find_builder, prepare
+    from common.extras import check_gcs_paths
+    from data.builders import find_builder, prepare
     from data.registry import DATASETS, get_dataset_spec
 
     check_gcs_paths({"--data_dir": data_dir})
@@ -48,16 +48,17 @@ def stage(dataset: str, data_dir: str, manual_dir: str | None = None) -> bool:
         name = dataset[len("tfds:"):]
         # A bundled builder (e.g. tfds:sklearn_digits) is registered only once its module is imported.
         module = next((spec.module for spec in DATASETS.values() if spec.tfds_name == name), None)
-        return prepare(find_builder(name, data_dir, module=module), download_config)
+        return prepare(find_builder(name, data_dir, module=module), download_config, dataset=dataset)
     spec = get_dataset_spec(dataset)
-    return prepare(find_builder(spec.tfds_name, data_dir, module=spec.module), download_config)
+    return prepare(find_builder(spec.tfds_name, data_dir, module=spec.module), download_config, dataset=dataset)
 
 
 def stage_own(args: argparse.Namespace) -> str:
     """Stores the --from_* source as TFDS dataset --name in --data_dir: 'built'; when it was there (and no --force)
     'same' or 'not compared' (see own_data.store); a ConfigError when it was staged from another source."""
-    from common.gcs_checks import check_gcs_paths
-    from data import own_data, own_fingerprint
+    from common.extras import check_gcs_paths
+    from data.stage import fingerprint as own_fingerprint
+    from data.stage import writer as own_data
 
     own_data.check_name(args.name)
     check_gcs_paths({"--data_dir": args.data_dir})

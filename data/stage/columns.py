@@ -1,4 +1,4 @@
-"""The staged features of data read from a user's own files (data/own_sources.py, data/own_images.py), decided
+"""The staged features of data read from a user's own files (data/stage/sources.py, data/stage/images.py), decided
 from the arrays themselves, so every source is described the same way in the TFDS metadata:
 - inputs: a float vector per example -> 'features' (tfds Tensor float32 [D]); uint8 arrays of rank 2 or 3 per
   example -> 'image' (tfds Image, PNG);

@@ -9,7 +9,7 @@ v6e-8 runs the 8-replica config written for a v3-8, and a v5p-8 the 4-replica on
   8         *_v3_8.gin            v2-8, v3-8, v5litepod-8, v6e-8
   32        *_v3_32_pod.gin       v3-32 (and any other 32-replica slice)
 
-  python -m tpu_utils.tpu.configs --accelerator_type=v6e-8 [--model=cifar10_resnet]
+  python -m tools.tpu_configs --accelerator_type=v6e-8 [--model=cifar10_resnet]
 """
 
 import argparse

@@ -7,7 +7,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.storage_paths import join, list_folder
-from data.own_sources import check_splits
+from data.stage.sources import check_splits
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 

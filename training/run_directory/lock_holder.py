@@ -1,4 +1,4 @@
-"""Who holds a run lock (training/run_lock.py): the holder's record, how it is named in messages, the errors.
+"""Who holds a run lock (training/run_directory/lock.py): the holder's record, how it is named in messages, the errors.
 
 A leaf module: the local and the gs:// lock both use it.
 """

@@ -4,7 +4,7 @@ evaluation so far.
     {"kind": "train", "step": 200, "time": 1764553200.1, "metrics": {"loss": ..., "accuracy": ..., "lr": ...}}
     {"kind": "eval", "step": 500, "time": 1764553210.4, "seconds": 1.2, "metrics": {"loss": ..., "accuracy": ...}}
 
-Why a separate file: metrics.json is the latest summary only; curves, comparisons (training/compare.py) and the best
+Why a separate file: metrics.json is the latest summary only; curves, comparisons (tools/compare.py) and the best
 checkpoint need every point. It survives a kill and resume: on resume, records past the restored step (written
 after the checkpoint that is resumed from, so they will be recomputed) and any half-written last line are dropped,
 and a record whose (kind, step) is already present is not written again, so the file has no duplicates and no gaps.
@@ -12,9 +12,9 @@ Records are appended (on gs:// TensorFlow's GCS client rewrites the object per a
 loops of a run). An append that fails (a full disk, an unreachable bucket) may leave half a line behind: the records
 it held are kept, and the next write rewrites the whole file (its intact records plus the kept ones, through a
 temporary file renamed over it), so a later record never runs into the half line and nothing is lost. Training goes
-on meanwhile, until the storage has failed for `experiment.storage_timeout_seconds` (training/storage_guard.py); a
-run never ends with records it could not write (`flush` raises a StorageError). A damaged line found on resume is
-dropped with a warning. Only the chief writes.
+on meanwhile, until the storage has failed for `experiment.storage_timeout_seconds`
+(training/run_directory/storage_guard.py); a run never ends with records it could not write (`flush` raises a
+StorageError). A damaged line found on resume is dropped with a warning. Only the chief writes.
 """
 
 import json

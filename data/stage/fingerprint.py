@@ -27,7 +27,7 @@ def of_source(args) -> dict:
     """The fingerprint of the one --from_* source of the parsed command line `args` (read and checked already)."""
     import tensorflow as tf
 
-    from data.own_sources import parse_split_paths
+    from data.stage.sources import parse_split_paths
 
     kind = next(flag for flag in SETTINGS if getattr(args, flag))
     value = getattr(args, kind)
@@ -101,10 +101,10 @@ def _sha256(paths: list[str]) -> str:
 
 
 def _image_listing(root: str) -> str:
-    """sha256 of the image folder's files read by data/own_images.py: split/class/name, size and mtime of each."""
+    """sha256 of the image folder's files read by data/stage/images.py: split/class/name, size and mtime of each."""
     import tensorflow as tf
 
-    from data.own_images import list_images
+    from data.stage.images import list_images
 
     total = hashlib.sha256()
     for _, classes in sorted(list_images(root).items()):

@@ -1,9 +1,9 @@
 """Per-example losses by name (`experiment.loss`; None = the task's default).
 
 A loss function maps (targets [B], model outputs [B, C]) to per-example losses [B] and never averages: the training step
-divides by the *global* batch in one place (training/step.py). Returning a scalar (a per-replica mean is the silent
-factor-of-R bug) is rejected before training starts (`check_per_example_losses`, a ConfigError), and again when the
-step is traced.
+divides by the *global* batch in one place (training/learning/step.py). Returning a scalar (a per-replica mean is the
+silent factor-of-R bug) is rejected before training starts (`check_per_example_losses`, a ConfigError), and again when
+the step is traced.
 """
 
 import gin
@@ -44,7 +44,7 @@ def get_loss(name: str, task=None):
         loss = LOSSES[name]
     except KeyError:
         raise ConfigError(f"Unknown loss {name!r}. Known losses: {', '.join(sorted(LOSSES))}. Register a new one "
-                          "in training/losses.py.") from None
+                          "in training/learning/losses.py.") from None
     kind = LOSS_KINDS.get(name)
     if task is not None and kind is not None and kind != task.kind:
         raise ConfigError(f"experiment.loss={name!r} is a {kind} loss; {type(task).__name__} is a {task.kind} task. "

@@ -1,8 +1,8 @@
 """Data a user already has, read into columns per split: NumPy `.npz` arrays, CSV files, TFRecord files of
-tf.train.Example (with a feature spec) and image folders (data/own_images.py).
+tf.train.Example (with a feature spec) and image folders (data/stage/images.py).
 
 Each reader returns `{split: (inputs, labels)}` (NumPy arrays, one row per example); `columns()`
-(data/own_columns.py) then decides the staged features from the arrays themselves, so every source is described the
+(data/stage/columns.py) then decides the staged features from the arrays themselves, so every source is described the
 same way in the TFDS metadata.
 Everything is read into host memory (sizes a laptop holds); for larger data write a TFDS builder
 (data/digits/digits_dataset_builder.py is the example). Every bad input is a ConfigError that names it and the fix.

@@ -17,7 +17,7 @@ server to pick up). gs:// has no folder rename (TensorFlow copies object by obje
 with `saved_model.pb` last, and an old version loses its `saved_model.pb` first: TF Serving and
 `tf.saved_model.load` see a folder without it as no SavedModel, so a kill mid-copy leaves nothing loadable
 half-written (the folder may hold stray variable files until the next export of that step replaces it). A kill
-leaves the temporary folder behind: the next run removes it (training/leftovers.py).
+leaves the temporary folder behind: the next run removes it (training/run_directory/leftovers.py).
 """
 
 import json
@@ -118,7 +118,7 @@ def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_de
 
 
 MARKER = "saved_model.pb"  # What makes a folder a SavedModel for its readers.
-TEMPORARY = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{8}$")  # Names of temporary_name(); training/leftovers.py uses it.
+TEMPORARY = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{8}$")  # temporary_name()'s names; leftovers.py uses it.
 
 
 def temporary_name(name: str) -> str:

@@ -1,10 +1,10 @@
 """Compare runs side by side: the settings in which their operative configs differ, and their final and best metrics.
 
-    python -m training.compare runs/a runs/b gs://BUCKET/runs/c [--metric=eval/accuracy] [--plot=curves.png]
+    python -m tools.compare runs/a runs/b gs://BUCKET/runs/c [--metric=eval/accuracy] [--plot=curves.png]
 
 Reads each run directory (local or gs://): operative_config.gin (the gin configuration the run used), metrics.json
-(the latest summary) and metrics.jsonl (every evaluation; training/history.py). Prints one table, a column per run:
-the settings that differ, the last step, the final eval metrics, and the best value of `--metric` (default: the
+(the latest summary) and metrics.jsonl (every evaluation; training/run_directory/history.py). Prints one table, a column
+per run: the settings that differ, the last step, the final eval metrics, and the best value of `--metric` (default: the
 metric the runs kept their best by, else eval/loss) with its step. `--plot` writes a PNG of the eval curves (needs
 matplotlib, pinned in requirements-dev.txt; the table needs nothing beyond TensorFlow). Exit 0, or 2 when a path is
 not a run directory, its metrics.json is corrupt, or the plot cannot be drawn or written.
@@ -43,8 +43,8 @@ class Run:
     def __init__(self, path: str):
         import tensorflow as tf
 
-        from training.history import read_records
-        from training.run_directory import RunDirectory
+        from training.run_directory.history import read_records
+        from training.run_directory.layout import RunDirectory
 
         self.path = path.rstrip("/")
         config_path = join(self.path, "operative_config.gin")
@@ -85,7 +85,7 @@ def recorded_mode(runs: list[Run], metric: str) -> str | None:
 
 def table(runs: list[Run], labels: list[str], metric: str) -> str:
     """The comparison as aligned text: a row per differing setting and per metric, a column per run."""
-    from training.history import best_mode
+    from training.run_directory.history import best_mode
 
     mode = recorded_mode(runs, metric) or best_mode(metric, "auto")
     keys = sorted(set().union(*(run.config for run in runs)))

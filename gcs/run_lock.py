@@ -1,4 +1,4 @@
-"""The run lock of a gs:// model_dir (training/run_lock.py says why there is one): an object created with the
+"""The run lock of a gs:// model_dir (training/run_directory/lock.py says why there is one): an object created with the
 precondition `if_generation_match=0` (only one creator wins), whose holder rewrites it every HEARTBEAT_SECONDS
 (generation-matched, so a taken-over lock is noticed).
 
@@ -9,9 +9,9 @@ off from the bucket) is waited for, with a progress line, until it is stale or i
 Never two writers: the holder stops writing (`check` raises RunLockLost, a StorageError: exit 6) as soon as it
 learns the lock was taken over, and also when its own last heartbeat that reached the bucket is FENCE_FRACTION of
 the stale time old: it cannot know whether another run has taken over, so it stops well before anyone may. Every
-write to model_dir asks `check` first (training/storage_guard.py); checkpoint saves also read the lock back. What
-this cannot stop: a process frozen (SIGSTOP, a paused VM) in the middle of one write finishes that one write when it
-thaws. The hosts' clocks must agree to well within the fence (Cloud VMs keep NTP time).
+write to model_dir asks `check` first (training/run_directory/storage_guard.py); checkpoint saves also read the lock
+back. What this cannot stop: a process frozen (SIGSTOP, a paused VM) in the middle of one write finishes that one write
+when it thaws. The hosts' clocks must agree to well within the fence (Cloud VMs keep NTP time).
 RUN_LOCK_HEARTBEAT_SECONDS and RUN_LOCK_STALE_AFTER_SECONDS in the environment override the two periods (the tests
 shrink them); the holder records its own in the lock, and a run waiting on it uses the holder's.
 """
@@ -26,7 +26,7 @@ import time
 from common.errors import ConfigError, StorageError
 from common.storage_errors import describe, transient
 from common.storage_wait import PROGRESS_SECONDS, reporting
-from training.lock_holder import (
+from training.run_directory.lock_holder import (
     LOCK_NAME,
     RunLockLost,
     describe_holder,
@@ -50,7 +50,7 @@ class GcsLock:
                  stale_after_seconds: float | None = None, storage_timeout_seconds: float = 120):
         from google.cloud.storage.retry import DEFAULT_RETRY
 
-        from common.gcs_checks import default_client, split_gs_path
+        from gcs.bucket_checks import default_client, split_gs_path
 
         bucket_name, prefix = split_gs_path(model_dir)
         self.model_dir = model_dir

@@ -1,10 +1,10 @@
 """The best checkpoint and export by BEST_METRIC (e.g. 'eval/accuracy'), kept apart from the rotating checkpoints.
 
-When an evaluation is the best so far (training/history.py decides), its weights are saved to model_dir/best/
-(one checkpoint, read back like every other: training/checkpoints.py) and exported to model_dir/export/best/, and
-model_dir/best/best.json names its step, metric and value. Why apart: the rotating checkpoints keep the last 3, so
-the best one would rotate away in a long run whose metric peaks early. Off unless BEST_METRIC is set. Every worker
-saves (saving takes part in collectives); only the chief's files are kept.
+When an evaluation is the best so far (training/run_directory/history.py decides), its weights are saved to
+model_dir/best/ (one checkpoint, read back like every other: training/run_directory/checkpoints.py) and exported to
+model_dir/export/best/, and model_dir/best/best.json names its step, metric and value. Why apart: the rotating
+checkpoints keep the last 3, so the best one would rotate away in a long run whose metric peaks early. Off unless
+BEST_METRIC is set. Every worker saves (saving takes part in collectives); only the chief's files are kept.
 """
 
 import logging
@@ -12,8 +12,8 @@ import logging
 import tensorflow as tf
 
 from tpu_utils.strategy import io_device_for
-from training.checkpoints import CheckpointStore
-from training.export import export_trainer
+from training.run_directory.checkpoints import CheckpointStore
+from training.run_directory.export import export_trainer
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Replica-invariance check: does a config train the same weights on 1 replica as on N?
 
-    python -m training.replica_invariance --gin_file=configs/default.gin --replicas=1,2,4,8
+    python -m tools.replica_invariance --gin_file=configs/default.gin --replicas=1,2,4,8
 
 Trains the config at each replica count (MirroredStrategy over virtual CPU devices) from the same initial weights on
 the same global batches, and compares every model weight with the first (reference) replica count. It runs in
@@ -42,7 +42,7 @@ PROBE_KERNEL_L2 = 1e-3
 PROBE_CLIP_FRACTION = 0.5  # Clip at half the initial gradient norm: clipping binds in the first steps.
 LIKELY_CAUSES = """Likely causes:
   - the loss is divided by the per-replica batch, not the global one (a mean in the loss function, or another
-    denominator than global_batch_size in training/step.py): the loss column shows the replica count's factor;
+    denominator than global_batch_size in training/learning/step.py): the loss column shows the replica count's factor;
   - gradients summed across replicas twice (Keras' implicit all-reduce in apply_gradients left on beside the step's);
   - gradients clipped before the cross-replica sum (Keras' clipnorm/global_clipnorm, or clipping per replica);
   - a regularization loss not divided by the replica count (tf.nn.scale_regularization_loss);
@@ -126,7 +126,7 @@ def initial_gradient_norm(trainer: Trainer) -> float:
     import tensorflow as tf
 
     from tpu_utils.loop import run_on_next_batch
-    from training import step
+    from training.learning import step
 
     norm_step = step.make_gradient_norm_step(trainer.model, trainer.loss_fn,
                                                     global_batch_size=trainer.config.global_batch_size,

@@ -3,7 +3,7 @@
 Call `make_optimizer` inside `strategy.scope()` and build it before tracing (see training/trainer.py): an optimizer
 made outside the scope counts `iterations` once per replica, which silently breaks learning-rate schedules.
 Do not set Keras' clipnorm/clipvalue here: they clip each replica's gradients before the sum. Clipping is done on
-the summed gradients in training/step.py.
+the summed gradients in training/learning/step.py.
 """
 
 import gin
@@ -54,5 +54,5 @@ def make_optimizer(name: str, *, learning_rate: float, schedule: str, train_step
             example = "adam" if field == "optimizer" else "cosine"
             raise ConfigError(f"experiment.{field}={value!r} is unknown. Known: {', '.join(sorted(known))}; e.g. "
                               f"--gin_param=\"experiment.{field}='{example}'\", or register one in "
-                              "training/optimizers.py.")
+                              "training/learning/optimizers.py.")
     return OPTIMIZERS[name](SCHEDULES[schedule](learning_rate, train_steps))

@@ -1,16 +1,16 @@
 """The run directory (`model_dir`, local or gs://) as README.md ("Run directory") lays it out; I/O through tf.io.gfile.
 
   model_dir/
-    checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (training/checkpoints.py)
-    run.lock                held by the run writing here (training/run_lock.py); gone after it exits
-    run_identity.json       settings a resumed run must share (training/run_identity.py)
+    checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (checkpoints.py)
+    run.lock                held by the run writing here (training/run_directory/lock.py); gone after it exits
+    run_identity.json       settings a resumed run must share (training/run_directory/identity.py)
     operative_config.gin    the gin configuration actually used
     command.txt             the exact argv
     metrics.json            {"step": N, "train": {...}, "eval": {...}, "best": {...}}, rewritten after each eval
-    metrics.jsonl           one record per loop and per evaluation (training/history.py)
-    train/, eval/           TensorBoard event files (training/summaries.py); hparams events in model_dir itself
-    plugins/profile/        the PROFILE_STEPS trace (training/profiling.py)
-    best/                   the best checkpoint by BEST_METRIC, and best.json (training/best.py)
+    metrics.jsonl           one record per loop and per evaluation (training/run_directory/history.py)
+    train/, eval/           TensorBoard event files (training/observers/summaries.py); hparams events in model_dir
+    itself plugins/profile/        the PROFILE_STEPS trace (training/observers/profiling.py)
+    best/                   the best checkpoint by BEST_METRIC, and best.json (training/run_directory/best.py)
     export/<step>/          SavedModel with a serving_default signature (export/best/: the best one)
 """
 
@@ -25,14 +25,14 @@ import tensorflow as tf
 from common.errors import ConfigError, StorageError
 from common.storage_errors import describe, transient
 from common.storage_paths import join
-from training.storage_guard import StorageGuard
+from training.run_directory.storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
 
 
 def temporary_name(name: str) -> str:
     """What a small file `name` is written as before it is renamed into place (a kill may leave it behind:
-    training/leftovers.py removes it)."""
+    training/run_directory/leftovers.py removes it)."""
     return f".{name}.tmp"
 
 
@@ -43,8 +43,8 @@ class RunDirectory:
     collectives, and a worker that skips it can deadlock the job): they write to a private local temporary folder
     instead (`checkpoint_write_dir`, `export_dir`), which `cleanup()` removes.
 
-    `guard` (training/storage_guard.py) is asked before every write: the run lock still held, the storage not failing
-    for longer than `storage_timeout_seconds`.
+    `guard` (training/run_directory/storage_guard.py) is asked before every write: the run lock still held, the storage
+    not failing for longer than `storage_timeout_seconds`.
     """
 
     def __init__(self, model_dir: str, *, is_chief: bool = True, guard: StorageGuard | None = None):
@@ -67,7 +67,7 @@ class RunDirectory:
 
     @property
     def best_dir(self) -> str:
-        """Where the best checkpoint goes (BEST_METRIC; training/best.py): model_dir/best on the chief."""
+        """Where the best checkpoint goes (BEST_METRIC; training/run_directory/best.py): model_dir/best on the chief."""
         return self.path("best") if self.is_chief else self._scratch("best")
 
     def export_dir(self, step: int | str) -> str:
@@ -137,7 +137,7 @@ class RunDirectory:
 
     def write_metrics(self, step: int, train: dict, evaluation: dict, best: dict | None = None) -> None:
         summary = {"step": step, "train": _floats(train), "eval": _floats(evaluation)}
-        if best is not None:  # The best evaluation so far (training/history.py).
+        if best is not None:  # The best evaluation so far (training/run_directory/history.py).
             summary["best"] = best
         self.write_json("metrics.json", summary)
 

@@ -127,7 +127,7 @@ def make_metrics(names, task) -> list[Metric]:
         factory = METRICS.get("top_K_accuracy" if re.fullmatch(r"top_\d+_accuracy", name) else name)
         if factory is None:
             raise ConfigError(f"Unknown metric {name!r}. Known metrics: {', '.join(sorted(METRICS))} (top_K: e.g. "
-                              "top_5_accuracy). Register a new one in training/metrics.py.")
+                              "top_5_accuracy). Register a new one in training/learning/metrics.py.")
         metrics.append(factory(task, name))
     if len({metric.name for metric in metrics}) != len(metrics):
         raise ConfigError(f"experiment.metrics={list(names)} names a metric twice; list each once.")

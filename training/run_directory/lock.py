@@ -1,11 +1,10 @@
 """One writer per model_dir: `model_dir/run.lock`, taken before anything is written and released at exit.
 
-The lock records the holder's host, pid and start time (training/lock_holder.py). A second run on the same
-model_dir stops with exit 2 naming the holder. Multi-worker jobs: the chief holds it (the other workers write
-nothing there).
+The lock records the holder's host, pid and start time (lock_holder.py). A second run on the same model_dir stops
+with exit 2 naming the holder. Multi-worker jobs: the chief holds it (the other workers write nothing there).
 - Local (or NFS) folders: an exclusive `fcntl.flock` on the lock file. The kernel releases it when the holder dies,
   even by SIGKILL, so a lock left by a dead process is taken over at once (with a warning naming it).
-- gs://: an object with a heartbeat (training/gcs_run_lock.py); taken over once stale, waited for while its
+- gs://: an object with a heartbeat (gcs/run_lock.py); taken over once stale, waited for while its
   heartbeat has stopped but is not stale yet; its holder stops writing (exit 6) once it may have been taken over.
 """
 
@@ -17,10 +16,16 @@ import os
 
 from common.errors import ConfigError
 from common.storage_errors import describe
-from training.gcs_run_lock import GcsLock
-from training.lock_holder import LOCK_NAME, RunDirectoryInUse, RunLockLost, describe_holder, holder_record, in_use_error
+from training.run_directory.lock_holder import (
+    LOCK_NAME,
+    RunDirectoryInUse,
+    RunLockLost,
+    describe_holder,
+    holder_record,
+    in_use_error,
+)
 
-__all__ = ["LOCK_NAME", "GcsLock", "LocalLock", "NoLock", "RunDirectoryInUse", "RunLockLost", "make_lock"]
+__all__ = ["LOCK_NAME", "LocalLock", "NoLock", "RunDirectoryInUse", "RunLockLost", "make_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -115,5 +120,7 @@ def make_lock(model_dir: str, *, storage_timeout_seconds: float = 120):
     """The lock for `model_dir`: gs:// objects (requests retried for `storage_timeout_seconds`), local (or
     mounted) folders, else NoLock."""
     if model_dir.startswith("gs://"):
-        return GcsLock(model_dir, storage_timeout_seconds=storage_timeout_seconds)
+        from common import extras
+
+        return extras.load("gcs.run_lock").GcsLock(model_dir, storage_timeout_seconds=storage_timeout_seconds)
     return NoLock(model_dir) if "://" in model_dir else LocalLock(model_dir)

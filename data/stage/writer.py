@@ -2,10 +2,10 @@
 `tfds.dataset_builders.store_as_tfds_dataset`: the shards, the features and the split sizes land in the standard
 layout (`DATA_DIR/NAME/1.0.0/`), so `DATASET='tfds:NAME'` trains from it with no builder code (data/staged_spec.py).
 
-The sources are read and checked first (data/own_sources.py, data/own_images.py) and their features decided
-(data/own_columns.py); only then is anything written.
+The sources are read and checked first (data/stage/sources.py, data/stage/images.py) and their features decided
+(data/stage/columns.py); only then is anything written.
 A dataset already there is left alone unless `force`, which deletes that version and stores it anew; a fingerprint of
-its source (data/own_fingerprint.py), written last, tells whether it was staged from the same source.
+its source (data/stage/fingerprint.py), written last, tells whether it was staged from the same source.
 """
 
 import logging
@@ -45,8 +45,8 @@ def check_name(name: str) -> None:
 
 def read_source(args) -> tuple:
     """(features, {split: {feature: array}}) from the one --from_* source of the parsed command line `args`."""
-    from data import own_sources
-    from data.own_columns import columns
+    from data.stage import sources as own_sources
+    from data.stage.columns import columns
 
     class_names = None
     if args.from_npz:
@@ -60,7 +60,7 @@ def read_source(args) -> tuple:
         splits = own_sources.read_tfrecords(own_sources.parse_split_paths(args.from_tfrecord, "--from_tfrecord"),
                                             args.features, args.label)
     else:
-        from data.own_images import read_image_folder
+        from data.stage.images import read_image_folder
 
         splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"))
     return columns(splits, args.label_kind, class_names)
@@ -69,13 +69,13 @@ def read_source(args) -> tuple:
 def store(name: str, data_dir: str, features, splits: dict, *, source: dict, force: bool = False,
           description: str = "") -> str:
     """Writes `splits` ({split: {feature: array}}) as TFDS dataset `name` into `data_dir`, then the fingerprint
-    `source` (data/own_fingerprint.py): 'built'. When it was there already (and not `force`), nothing is written:
+    `source` (data/stage/fingerprint.py): 'built'. When it was there already (and not `force`), nothing is written:
     'same' (staged from this source), 'not compared' (staged before fingerprints were kept), or a ConfigError (staged
     from another source: --force or another --name)."""
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    from data import own_fingerprint
+    from data.stage import fingerprint as own_fingerprint
 
     version_dir = join(data_dir, name, VERSION)
     if tf.io.gfile.exists(join(version_dir, "dataset_info.json")):

@@ -11,8 +11,8 @@ Each write is flushed at once (tf.summary's `as_default` block does). When one f
 bucket), that events file is given up: after a failed flush TensorFlow's writer can leave a partial record, past
 which TensorBoard reads nothing of that file. What failed is kept and written again, with the next write, into a
 new events file of the same folder (TensorBoard reads every file of a folder). Training goes on meanwhile, until
-the storage has failed for `experiment.storage_timeout_seconds` (training/storage_guard.py); events that could
-still not be written at the end are named in a warning (their values are in metrics.jsonl).
+the storage has failed for `experiment.storage_timeout_seconds` (training/run_directory/storage_guard.py); events that
+could still not be written at the end are named in a warning (their values are in metrics.jsonl).
 """
 
 import logging

@@ -5,12 +5,12 @@ Every write that must never be seen half-done goes to a temporary name first and
 window lasts seconds. The next run's chief, holding the run lock (so no other run is writing them), removes exactly
 these, and nothing else:
 
-  export/.<name>.tmp-<8 hex>/         a SavedModel being written (training/export.py)
+  export/.<name>.tmp-<8 hex>/         a SavedModel being written (training/run_directory/export.py)
   checkpoints/ and best/:
     ckpt-<step>_temp.../              a checkpoint save TensorFlow had not yet merged into place
     checkpoint.tmp<32 hex>            the checkpoint state file being rewritten (TensorFlow's atomic write)
-  model_dir/ and best/: .<name>.tmp   a small file being written (training/run_directory.py)
-  model_dir/.write-probe-<32 hex>     the bucket's write check (common/gcs_checks.py)
+  model_dir/ and best/: .<name>.tmp   a small file being written (training/run_directory/layout.py)
+  model_dir/.write-probe-<32 hex>     the bucket's write check (gcs/bucket_checks.py)
   on gs://, every object below model_dir whose name holds '//': written by versions before this module existed,
     which joined listing entries with f"{folder}/{name}"; Cloud Storage keeps 'a//b' apart from 'a/b', so they are
     stray copies nothing reads.
@@ -23,13 +23,13 @@ import tensorflow as tf
 
 from common.storage_errors import describe
 from common.storage_paths import files_under, has_empty_segment, join, list_folder
-from training.export import TEMPORARY as EXPORT_TEMPORARY
+from training.run_directory.export import TEMPORARY as EXPORT_TEMPORARY
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_TEMPORARY = re.compile(r"^ckpt-\d+_temp(_[0-9a-f]+)?$")  # TensorFlow's sharded save: '_temp/part-...'.
 STATE_TEMPORARY = re.compile(r"^checkpoint\.tmp[0-9a-f]{32}$")
-SMALL_FILE_TEMPORARY = re.compile(r"^\..+\.tmp$")  # training/run_directory.py's temporary_name().
+SMALL_FILE_TEMPORARY = re.compile(r"^\..+\.tmp$")  # training/run_directory/layout.py's temporary_name().
 WRITE_PROBE = re.compile(r"^\.write-probe-[0-9a-f]{32}$")
 
 # Folder below model_dir -> (patterns of the sub-folders to remove, patterns of the files to remove).

@@ -1,10 +1,10 @@
-"""Predictions of an export for files you have: `python -m serving.predict --export=DIR --input=FILE_OR_FOLDER
+"""Predictions of an export for files you have: `python -m tools.predict --export=DIR --input=FILE_OR_FOLDER
 [--output=out.csv|out.jsonl]`.
 
 DIR is a local export/<step>/ (or export/best/) of a run. What --input may be follows from the export's
-assets.extra/serving_metadata.json (serving/inputs.py): images (a file or a folder), a CSV of feature rows, a text
-file of lines, a .npy batch or a Vertex AI request .json. Without --output the predictions are printed as CSV: one row
-per example with its label (file, line or text), every per-example output (class names, class ids; predictions) and,
+assets.extra/serving_metadata.json (tools/prediction_inputs.py): images (a file or a folder), a CSV of feature rows, a
+text file of lines, a .npy batch or a Vertex AI request .json. Without --output the predictions are printed as CSV: one
+row per example with its label (file, line or text), every per-example output (class names, class ids; predictions) and,
 for classifiers, the probability of the predicted class. A .jsonl output holds every output, probabilities and logits
 included. Bad flags or input exit 2 with one `error:` line; the flags, the export and the input files (all but
 images) are checked before TensorFlow is imported.
@@ -20,14 +20,15 @@ import sys
 import numpy as np
 
 from common.errors import ConfigError, user_message
-from serving import inputs, metadata
+from serving import metadata
+from tools import prediction_inputs as inputs
 
 BATCH_SIZE = 256  # Examples per call of the signature.
 OUTPUT_SUFFIXES = (".csv", ".jsonl")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m serving.predict", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.predict", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export", required=True, help="a local export folder, e.g. runs/default/export/1000")
     parser.add_argument("--input", required=True, help="an image file or folder, a .csv, a text file, a .npy or a "

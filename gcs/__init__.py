@@ -1,0 +1,1 @@
+"""Extras for gs:// runs (loaded only for gs:// paths): the run lock on GCS and bucket checks."""

@@ -1,0 +1,1 @@
+"""Standalone command-line tools: compare runs, check replica invariance, predict, list TPU configs."""

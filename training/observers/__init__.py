@@ -1,0 +1,1 @@
+"""What the host loop calls between loops: progress lines, TensorBoard, profiling, health."""

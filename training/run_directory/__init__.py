@@ -1,0 +1,1 @@
+"""The run directory: its layout, checkpoints, exports, history, lock and identity."""
