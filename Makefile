@@ -1,4 +1,4 @@
-# Shortcuts for the commands in README.md. `make help` lists them.
+# Shortcuts for the commands in README.md and docs/. `make help` lists them.
 PYTHON ?= .venv/bin/python
 
 .PHONY: help install train test test-fast lint check-invariance preflight-tpu train-two-workers

@@ -7,7 +7,7 @@
   python train.py --gin_file=configs/tpu/cifar10_resnet_v3_8.gin --preflight   # check a TPU config on CPU
 
 Exit codes: 0 done, 2 bad input or config, 3 interrupted (checkpoint saved), 4 non-finite loss, 5 preflight failed,
-6 storage failed (rerun once it is back), 1 a bug (see README.md, "Exit codes").
+6 storage failed (rerun once it is back), 1 a bug (see docs/run_directory.md, "Exit codes").
 """
 
 import argparse
@@ -42,7 +42,7 @@ def experiment_name(gin_files: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Runs the command line `argv`; returns the exit code (README.md, "Exit codes")."""
+    """Runs the command line `argv`; returns the exit code (docs/run_directory.md, "Exit codes")."""
     from training import stop_signals  # Standard library only: SIGTERM/SIGINT/SIGHUP are honoured from here on.
 
     with stop_signals.honoured():

@@ -1,4 +1,4 @@
-"""Error types that carry the process exit codes listed in README.md, "Exit codes".
+"""Error types that carry the process exit codes listed in docs/run_directory.md, "Exit codes".
 
 `train.py` maps each one to its exit code; everything else is a bug and exits 1 with a traceback.
 

@@ -27,8 +27,8 @@ def find_builder(tfds_name: str, data_dir: str | None, *,
     except tfds.core.registered.DatasetNotFoundError as error:  # Its message lists every TFDS name: not repeated.
         raise ConfigError(f"TFDS has no dataset {tfds_name!r}, and none is staged in DATA_DIR={data_dir!r}. Stage "
                           f"your data there once: python -m data.stage --name={tfds_name} --data_dir=DIR with "
-                          "--from_npz=FILE, --from_csv=..., --from_tfrecord=... or --from_image_folder=DIR (README, "
-                          "'Bring your own data'), then pass the same DATA_DIR.") from error
+                          "--from_npz=FILE, --from_csv=..., --from_tfrecord=... or --from_image_folder=DIR "
+                          "(docs/data.md, 'Bring your own data'), then pass the same DATA_DIR.") from error
 
 
 def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.DownloadConfig | None = None, *,

@@ -87,7 +87,7 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
 
 
 def relative_difference(got: np.ndarray, expected: np.ndarray) -> float:
-    """max|a - b| / max|b| (README, replica invariance: the contract's measure), 0 for two zero tensors."""
+    """max|a - b| / max|b| (docs/correctness.md, replica invariance: the contract's measure), 0 for two zero tensors."""
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
     difference = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
     return difference / scale if scale else difference

@@ -1,4 +1,4 @@
-"""bench/throughput.py runs end to end and reports every column, so the README's throughput table can be
+"""bench/throughput.py runs end to end and reports every column, so docs/throughput.md's table can be
 re-measured (the benchmark's figures are not asserted: speed targets live in the benchmark, never in tests)."""
 
 import json

@@ -1,5 +1,5 @@
-"""Every bad input of the README's "What happens when ..." table: exit 2, one `error:` line naming the value and
-the fix, no traceback, before any training step (through train.py). Resume cases damage a copy of one run trained
+"""Every bad input of docs/run_directory.md's "What happens when ..." table: exit 2, one `error:` line naming the value
+and the fix, no traceback, before any training step (through train.py). Resume cases damage a copy of one run trained
 once per module."""
 
 import contextlib

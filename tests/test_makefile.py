@@ -1,7 +1,8 @@
 """The shortcuts and documented commands run what exists: every module (`-m NAME`) and script (`*.py`) that a make
-target's recipe names (as `make -n` prints it), and every `python -m ...` / `python path.py` in the README and the
-guide, can be found (a moved launcher once left `make train-two-workers` broken)."""
+target's recipe names (as `make -n` prints it), and every `python -m ...` / `python path.py` in the README and in every
+page under docs/ can be found (a moved launcher once left `make train-two-workers` broken)."""
 
+import glob
 import importlib.util
 import os
 import re
@@ -10,6 +11,10 @@ import subprocess
 import pytest
 
 from helpers import REPO_ROOT
+
+# README.md and every page under docs/: a new page is checked without being listed here.
+DOC_PAGES = ["README.md"] + sorted(os.path.relpath(path, REPO_ROOT)
+                                   for path in glob.glob(os.path.join(REPO_ROOT, "docs", "*.md")))
 
 
 def _targets() -> list[str]:
@@ -38,7 +43,16 @@ def test_the_check_names_a_moved_module_and_script():
         "tpu_utils.launch_local", "scripts/gone.py"]
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/make_it_yours.md", "docs/serving.md", "docs/testing.md"])
+def _python_commands(page: str) -> str:
+    return " ".join(re.findall(r"python3? (?:-m [\w.]+|[\w/-]+\.py)", open(os.path.join(REPO_ROOT, page)).read()))
+
+
+@pytest.mark.parametrize("page", DOC_PAGES)
 def test_every_python_command_in_the_docs_names_a_module_or_script_that_exists(page):
-    commands = " ".join(re.findall(r"python3? (?:-m [\w.]+|[\w/-]+\.py)", open(os.path.join(REPO_ROOT, page)).read()))
-    assert commands and not missing_in(commands), f"{page} runs {missing_in(commands)}, which do not exist"
+    commands = _python_commands(page)
+    assert not missing_in(commands), f"{page} runs {missing_in(commands)}, which do not exist"
+
+
+def test_the_command_pattern_finds_the_readmes_commands():
+    """Guards the pattern above: a page with no match passes, so the README's own commands must be found."""
+    assert "python -m tools.predict" in _python_commands("README.md")

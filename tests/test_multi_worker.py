@@ -22,9 +22,9 @@ from tests.helpers import REPO_ROOT, read_terminal_until, run_train_py, start_in
 from tools.replica_invariance import TOLERANCE as TOLERANCE_FLOAT64
 
 # Compared in float64, as tools.replica_invariance compares replica counts: in float32 two runs that are equal in
-# exact math part once one ReLU input lands within rounding of zero (README.md, "Why float64"). This test met it: at
-# 20 float32 steps the two workers' momentum slots differed from one process's by 1.6e-3, the same figure on every
-# run, and by 7.7e-7 at step 10. In float64 the same comparison gives ~3e-15 after 60 steps.
+# exact math part once one ReLU input lands within rounding of zero (docs/correctness.md, "Why float64"). This test
+# met it: at 20 float32 steps the two workers' momentum slots differed from one process's by 1.6e-3, the same figure
+# on every run, and by 7.7e-7 at step 10. In float64 the same comparison gives ~3e-15 after 60 steps.
 TOLERANCE = TOLERANCE_FLOAT64
 # default.gin (the CNN) at its own learning rate, momentum and 50-step warm-up, for 10 steps past the warm-up, in two
 # loops (checkpoints at both, so the test can look at step 30 too); synchronized BatchNormalization so that

@@ -218,8 +218,8 @@ def test_staged_data_that_no_shipped_task_fits_is_staged_and_says_what_to_do(tmp
 
 
 def test_the_readme_commands_parse_and_name_each_source():
-    """The README's "Bring your own data" commands are valid command lines of data.stage, one per source."""
-    readme = open(os.path.join(REPO_ROOT, "README.md")).read()
+    """docs/data.md's "Bring your own data" commands are valid command lines of data.stage, one per source."""
+    readme = open(os.path.join(REPO_ROOT, "docs", "data.md")).read()
     commands = [shlex.split(line.strip(), comments=True) for line in readme.splitlines()
                 if line.strip().startswith("python -m data.stage --name=")]
     sources = set()

@@ -87,8 +87,8 @@ def test_float16_overflow_on_one_replica_skips_the_step_on_all(small_config, mon
 def test_float16_two_replicas_agree_with_one_replica_after_a_skipped_overflow(small_config, monkeypatch):
     """Same overflow in both runs, then 4 normal steps: finite, and the 2-replica loss agrees with the 1-replica one.
 
-    As README.md says, mixed precision is checked for finiteness and loss agreement only: float16 rounding differs
-    by replica count (2.3e-4 on weights overall, and several % on near-zero tensors such as young biases), so
+    As docs/correctness.md says, mixed precision is checked for finiteness and loss agreement only: float16 rounding
+    differs by replica count (2.3e-4 on weights overall, and several % on near-zero tensors such as young biases), so
     weights are compared for finiteness only. An overflow applied on one replica gives NaN (the negative control).
     """
     holder, weights, losses = {}, [], []

@@ -1,10 +1,11 @@
 """The same global batch trains the same weights at 1, 2, 4 and 8 replicas, for every shipped model, loss, optimizer
 and offline experiment config; a model, loss or config added without a case here fails the suite.
 
-Checked as the README says (tools/replica_invariance.py): float64, the shipped configs' learning rate, schedule
-and momentum, enough steps to leave the warm-up, L2 and a binding clip forced on, worst tensor within 1e-9.
-Negative controls plant each classic scaling bug in training/learning/step.py and show that the README's command on the
-default config exits 1 for it. Float32 is tested only for what holds there (agreement to rounding over a few steps).
+Checked as docs/correctness.md says (tools/replica_invariance.py): float64, the shipped configs' learning rate,
+schedule and momentum, enough steps to leave the warm-up, L2 and a binding clip forced on, worst tensor within 1e-9.
+Negative controls plant each classic scaling bug in training/learning/step.py and show that docs/correctness.md's
+command on the default config exits 1 for it. Float32 is tested only for what holds there (agreement to rounding
+over a few steps).
 """
 
 import glob
@@ -48,7 +49,7 @@ CASES = {
     "mlp-adam": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001"), REPLICAS),
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.
     "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), REPLICAS),
-    # The worked examples of other tasks (README, "Make it yours"), as shipped.
+    # The worked examples of other tasks (docs/make_it_yours.md), as shipped.
     "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
     "synthetic-housing-mlp-mse": ("configs/experiments/synthetic_housing_mlp.gin", (), [1, 2, 4]),
     "synthetic-reviews-transformer-dropout": ("configs/experiments/synthetic_reviews_transformer.gin", (), [1, 2, 4]),

@@ -33,7 +33,7 @@ def test_n_steps_then_resume_then_n_more_equals_2n_uninterrupted(tmp_path, data_
     for key in resumed:
         np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)  # Bit for bit on CPU.
 
-    # The run directory README.md promises.
+    # The run directory docs/run_directory.md promises.
     metrics = json.load(open(os.path.join(straight, "metrics.json")))
     assert metrics["step"] == 2 * N and set(metrics["eval"]) == {"loss", "accuracy"} and "loss" in metrics["train"]
     assert os.path.isfile(os.path.join(straight, "operative_config.gin"))

@@ -1,8 +1,8 @@
 """ExperimentConfig: every setting of one run, validated before anything is built.
 
 A plain dataclass (usable without gin in tests and tools); `training/experiment.py` exposes it to gin as the root
-configurable `experiment`, and configs/base.gin binds its fields to the macros (STRATEGY, MODEL, ...: README.md,
-"Macros").
+configurable `experiment`, and configs/base.gin binds its fields to the macros (STRATEGY, MODEL, ...:
+docs/configuration.md, "Macros").
 """
 
 import dataclasses
@@ -11,9 +11,9 @@ import math
 from common.errors import ConfigError
 from training.run_directory.storage_guard import DEFAULT_TIMEOUT_SECONDS
 
-# The fields configs/base.gin binds to a macro of the same name in upper case (README.md, "Macros"): an error names
-# them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py checks this
-# set against base.gin).
+# The fields configs/base.gin binds to a macro of the same name in upper case (docs/configuration.md, "Macros"): an
+# error names them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py
+# checks this set against base.gin).
 MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "global_batch_size",
                           "train_steps", "steps_per_loop", "checkpoint_every", "eval_every", "learning_rate",
                           "precision", "seed", "best_metric", "best_mode", "profile_steps", "profiler_port"})

@@ -37,7 +37,7 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     before training ends the run (exit 3) before anything is written; the run lock is taken before the first write.
     """
     stop_signals.stop_if_requested("before training started")
-    config = experiment()  # All fields come from gin (configs/base.gin binds them to the README's macros).
+    config = experiment()  # All fields come from gin (configs/base.gin binds them to docs/configuration.md's macros).
     # Buckets first: a missing or read-only bucket must not cost a TPU start-up or a training loop.
     check_gcs_paths({"DATA_DIR": config.data_dir, "model_dir": model_dir}, tpu_zone=config.tpu_zone,
                     timeout_seconds=config.storage_timeout_seconds)

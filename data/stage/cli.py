@@ -138,7 +138,7 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
     except ConfigError as error:
         print(f"The data is staged, but no shipped task fits it: {error}\n"
               f"To train it: add a DatasetSpec(tfds_name=\"{name}\", ...) with a task for these features to DATASETS "
-              f"in data/registry.py (README, 'Bring your own data'; tasks/ has the shipped tasks), then pass "
+              f"in data/registry.py (docs/data.md, 'Bring your own data'; tasks/ has the shipped tasks), then pass "
               f"DATASET='<its key>' and DATA_DIR='{data_dir}'.", flush=True)
         return
     config = STARTING_CONFIGS.get(type(spec.task).__name__, "configs/default.gin")

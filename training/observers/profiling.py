@@ -4,7 +4,7 @@ The host acts between on-device loops only, so the trace covers whole loops: it 
 runs a step in [start, stop) and stops after the loop that reaches `stop`. The trace lands in
 model_dir/plugins/profile/<timestamp>/<host>.xplane.pb, where TensorBoard's profile plugin
 (`tensorboard-plugin-profile`) finds it: `tensorboard --logdir runs`, then the Profile tab. On TPUs, the chief can
-also serve on-demand captures (`tf.profiler.experimental.server.start(port)`; README.md, "Watch a run").
+also serve on-demand captures (`tf.profiler.experimental.server.start(port)`; docs/watch_a_run.md).
 """
 
 import logging

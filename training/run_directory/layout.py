@@ -1,4 +1,4 @@
-"""The run directory (`model_dir`, local or gs://) as README.md ("Run directory") lays it out; I/O through tf.io.gfile.
+"""The run directory (`model_dir`, local or gs://) as docs/run_directory.md lays it out; I/O through tf.io.gfile.
 
   model_dir/
     checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (checkpoints.py)
