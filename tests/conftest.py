@@ -6,7 +6,7 @@
   can run 1-8 replicas in this process (tools/replica_invariance.py uses ReductionToOneDevice for that).
 - TFDS_DATA_DIR points at a per-session folder: tests build the bundled digits dataset there and never touch
   ~/tensorflow_datasets or the network.
-- gs://: the `gcs` fixture starts a real GCS API server on loopback (tests/gcs/emulator.py) on first use, with
+- gs://: the `gcs` fixture starts a real GCS API server on loopback (tests/gcs_server/emulator.py) on first use, with
   exact object names as on GCS; `gcs_bucket` gives a test a fresh bucket; `gcs_persistent` is a server that can be
   stopped and restarted without losing objects. TensorFlow's GCS retry settings are set before it is imported.
 """
@@ -40,7 +40,7 @@ def _start_metadata_stub() -> str:
 def pytest_configure(config):
     sys.path.insert(0, REPO_ROOT)
     metadata = _start_metadata_stub()
-    from tests.gcs.emulator import EARLY_ENVIRONMENT
+    from tests.gcs_server.emulator import EARLY_ENVIRONMENT
 
     os.environ.update(EARLY_ENVIRONMENT)  # Before TensorFlow is imported (below): it reads them once.
     os.environ.update({
@@ -136,8 +136,8 @@ def served(tmp_path_factory, data_dir):
 
 @pytest.fixture(scope="session")
 def gcs():
-    """fake-gcs-server + the TLS proxy, started once (~0.3 s), torn down at the end; see tests/gcs/emulator.py."""
-    from tests.gcs.emulator import GcsEmulator
+    """fake-gcs-server + the TLS proxy, started once (~0.3 s), torn down at the end: tests/gcs_server/emulator.py."""
+    from tests.gcs_server.emulator import GcsEmulator
 
     emulator = GcsEmulator().start()
     yield emulator
@@ -155,7 +155,7 @@ def gcs_persistent():
     """A second GCS server whose objects survive `restart_server()` (the filesystem backend; the proxy keeps its
     names as strict as GCS's), for a test where the server goes away and comes back. It takes over the
     environment (proxy, CA) until the test ends."""
-    from tests.gcs.emulator import GcsEmulator
+    from tests.gcs_server.emulator import GcsEmulator
 
     emulator = GcsEmulator(backend="filesystem").start()
     yield emulator

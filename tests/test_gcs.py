@@ -1,4 +1,4 @@
-"""Runs on gs://, against a real GCS JSON-API server on loopback (tests/gcs/emulator.py), through TensorFlow's own
+"""Runs on gs://, against a real GCS JSON-API server on loopback (tests/gcs_server/), through TensorFlow's own
 gs:// client, TFDS and google-cloud-storage: staging, training, resuming, exporting, the bucket checks, and a
 checkpoint save while the server is gone. Nothing is mocked but Google Cloud itself.
 """

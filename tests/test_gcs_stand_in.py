@@ -1,4 +1,4 @@
-"""The loopback GCS server (tests/gcs/) is at least as strict as Cloud Storage where the code depends on it:
+"""The loopback GCS server (tests/gcs_server/) is at least as strict as Cloud Storage where the code depends on it:
 exact object names, generation preconditions (412), retried 429/503 answers, resumable uploads past the
 single-request size. docs/testing.md lists each difference from the real service and the test that covers it.
 """
@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from common.errors import StorageError
 from common.storage_errors import describe
-from tests.gcs.object_names import NamedObjects, named_objects, unsafe_name
+from tests.gcs_server.object_names import NamedObjects, named_objects, unsafe_name
 
 API, XML = "www.googleapis.com", "storage.googleapis.com"
 
@@ -93,7 +93,7 @@ def test_tensorflow_retries_a_busy_server_and_names_the_cause_when_retries_run_o
     path = f"gs://{gcs_bucket}/run/metrics.json"
     with tf.io.gfile.GFile(path, "w") as handle:
         handle.write("{}")
-    # The suite's GCS_RETRY_CONFIG_MAX_RETRIES=2 (tests/gcs/emulator.py): two failures are retried away.
+    # The suite's GCS_RETRY_CONFIG_MAX_RETRIES=2 (tests/gcs_server/emulator.py): two failures are retried away.
     rule = gcs.inject_failures(f"{gcs_bucket}/o/run/metrics.json", status, 2, method="GET")
     assert tf.io.gfile.GFile(path).read() == "{}"
     assert len(gcs.failures_served(rule)) == 2

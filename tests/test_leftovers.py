@@ -1,6 +1,6 @@
 """What a killed run leaves in model_dir is removed by the next one (training/run_directory/leftovers.py), exactly
 that and nothing
-else, on local folders and on gs:// with exact object names (tests/gcs/: as strict as GCS).
+else, on local folders and on gs:// with exact object names (tests/gcs_server/: as strict as GCS).
 
 The end-to-end case: `python train.py --model_dir=gs://...` killed (SIGKILL) in the middle of copying its export
 into place, then rerun: the rerun ends with a loadable export/<step>/ and not one temporary object. That run uses
@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from common.storage_paths import join
-from tests.gcs.emulator import EARLY_ENVIRONMENT
+from tests.gcs_server.emulator import EARLY_ENVIRONMENT
 from tests.helpers import REPO_ROOT
 from training.run_directory.leftovers import remove_leftovers
 

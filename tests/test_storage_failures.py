@@ -1,7 +1,7 @@
 """Storage that fails: one writer for sure after a gs:// lock takeover, no silent gaps after a full disk, bounded
 waits when the storage is gone, and exit 6 (not 2, not a traceback) for a storage failure wherever it happens.
 
-Real storage only: the loopback GCS server (tests/gcs/) with its server stopped or its bucket denied, a real full
+Real storage only: the loopback GCS server (tests/gcs_server/) with its server stopped or its bucket denied, a real full
 filesystem (a small tmpfs, which needs root: skipped otherwise) and a real per-file size limit (RLIMIT_FSIZE, which
 makes the kernel cut a write short exactly as a full disk does).
 """

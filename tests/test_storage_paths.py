@@ -1,5 +1,5 @@
 """Paths built from parts and from listings (common/storage_paths.py), on local folders and on gs:// with exact object
-names (tests/gcs/: the memory backend, as strict as GCS), and a source check that nothing else lists folders.
+names (tests/gcs_server/: the memory backend, as strict as GCS), and a source check that nothing else lists folders.
 
 The defect this guards against: gs:// listings end sub-folders with '/', so `f"{folder}/{name}"` on
 `tf.io.gfile.walk` read 'variables//variables.data-...', which does not exist on GCS: every gs:// export failed.

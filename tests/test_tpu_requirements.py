@@ -90,8 +90,8 @@ def test_the_tag_check_fails_on_a_wheel_of_another_python():
 @pytest.mark.slow
 def test_pip_resolves_the_tpu_requirements_for_python_3_13(tmp_path):
     """The real resolver against the index (downloads wheel metadata; ~1-3 min with a warm pip cache)."""
-    # Without the loopback GCS server's proxy and CA (tests/gcs/emulator.py sets them for this process once a test
-    # has started it): pip must reach the real index.
+    # Without the loopback GCS server's proxy and CA (tests/gcs_server/emulator.py sets them for this process once a
+    # test has started it): pip must reach the real index.
     environment = {name: value for name, value in os.environ.items()
                    if name.lower() not in ("https_proxy", "http_proxy") and name not in ("CURL_CA_BUNDLE",)}
     wheels = tmp_path / "wheels"  # promise (a TFDS dependency) is an sdist only: a wheel of it, built here.

@@ -85,9 +85,9 @@ def recorded_mode(runs: list[Run], metric: str) -> str | None:
 
 def table(runs: list[Run], labels: list[str], metric: str) -> str:
     """The comparison as aligned text: a row per differing setting and per metric, a column per run."""
-    from training.run_directory.history import best_mode
+    from training.config import resolve_best_mode
 
-    mode = recorded_mode(runs, metric) or best_mode(metric, "auto")
+    mode = recorded_mode(runs, metric) or resolve_best_mode(metric, "auto")
     keys = sorted(set().union(*(run.config for run in runs)))
     differing = [key for key in keys if len({run.config.get(key, "(unset)") for run in runs}) > 1]
     rows = [("setting / metric", labels)]

@@ -82,9 +82,9 @@ def relative_difference(reference: np.ndarray, other: np.ndarray, floor: float =
 
 def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, precision: str = "float64",
             force_regularization: bool = True, force_clipping: bool = True,
-            model_options: dict | None = None) -> tuple[list[ReplicaRun], Probe]:
+            model_options: dict | None = None, bound_arguments=None) -> tuple[list[ReplicaRun], Probe]:
     """Trains `config` for `steps` steps at each replica count; returns the runs (compared to the first) and the
-    probe's settings."""
+    probe's settings. `bound_arguments`: as the Trainer takes it (the model arguments gin binds)."""
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(max(replica_counts))
@@ -92,18 +92,18 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
                                  checkpoint_every=0, eval_every=0)
     options = {"synchronized_batch_norm": True, **(model_options or {})}
     probe = Probe(precision=precision, steps=steps)
-    reference = _trainer(config, replica_counts[0], options)
+    reference = _trainer(config, replica_counts[0], options, bound_arguments)
     if force_regularization and not reference.model.losses:
         probe.kernel_l2 = options["kernel_l2"] = PROBE_KERNEL_L2
-        reference = _trainer(config, replica_counts[0], options)
+        reference = _trainer(config, replica_counts[0], options, bound_arguments)
     initial_weights = reference.model.get_weights()
     if force_clipping and config.clip_global_norm is None:
         probe.clip_global_norm = PROBE_CLIP_FRACTION * initial_gradient_norm(reference)
         config = dataclasses.replace(config, clip_global_norm=probe.clip_global_norm)
-        reference = _trainer(config, replica_counts[0], options)
+        reference = _trainer(config, replica_counts[0], options, bound_arguments)
     runs = []
     for replicas in replica_counts:
-        trainer = reference if replicas == replica_counts[0] else _trainer(config, replicas, options)
+        trainer = reference if replicas == replica_counts[0] else _trainer(config, replicas, options, bound_arguments)
         trainer.model.set_weights(initial_weights)  # Identical start, whatever the initialisers did.
         metrics = trainer.train(trainer.train_iterator(), steps)
         weights = [(variable.path, variable.numpy()) for variable in trainer.model.weights]
@@ -112,12 +112,13 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
     return runs, probe
 
 
-def _trainer(config: ExperimentConfig, replicas: int, model_options: dict) -> Trainer:
+def _trainer(config: ExperimentConfig, replicas: int, model_options: dict, bound_arguments) -> Trainer:
     from tpu_utils.strategy import make_strategy
     from training.trainer import Trainer
 
     return Trainer(dataclasses.replace(config, virtual_devices=replicas),
-                   make_strategy("mirrored", virtual_devices=replicas), model_options=model_options)
+                   make_strategy("mirrored", virtual_devices=replicas), model_options=model_options,
+                   **({"bound_arguments": bound_arguments} if bound_arguments else {}))
 
 
 def initial_gradient_norm(trainer: Trainer) -> float:
@@ -217,7 +218,8 @@ def main(argv: list[str]) -> int:
         config_files.parse(args.gin_file or [config_files.DEFAULT_GIN_FILE], args.gin_param,
                            search_path=config_files.REPO_ROOT)
         runs, probe = measure(experiment.experiment(), replica_counts, steps=args.steps or default_steps(),
-                              force_regularization=args.force_regularization, force_clipping=args.force_clipping)
+                              force_regularization=args.force_regularization, force_clipping=args.force_clipping,
+                              bound_arguments=experiment.bound_model_arguments)
     except (ConfigError, ValueError) as error:
         print(f"error: {user_message(error)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -134,6 +134,12 @@ class ExperimentConfig:
                                   f"Use a multiple of {num_replicas}, e.g. {lower or num_replicas} or "
                                   f"{lower + num_replicas}.")
 
+    def best_by(self) -> tuple[str, str]:
+        """(metric, 'max' or 'min'): what evaluations are ranked by: BEST_METRIC and BEST_MODE resolved, or
+        ('eval/loss', 'min') when no BEST_METRIC is set (metrics.json's "best" is then the lowest eval loss)."""
+        metric = self.best_metric or "eval/loss"
+        return metric, resolve_best_mode(metric, self.best_mode if self.best_metric else "auto")
+
     def identity(self) -> dict:
         """Settings a resumed run must share with the run that wrote the checkpoint (data order and weights)."""
         return {"GLOBAL_BATCH_SIZE": self.global_batch_size, "SEED": self.seed, "MODEL": self.model,
@@ -148,6 +154,14 @@ def setting(field: str) -> str:
 def how_to_set(field: str, value) -> str:
     """The command-line flag that sets `field` to `value`, e.g. --gin_param="experiment.checkpoints_to_keep=3"."""
     return f'--gin_param="{setting(field)}={value!r}"'
+
+
+def resolve_best_mode(metric: str, mode: str) -> str:
+    """'max' or 'min' for ranking by `metric`; 'auto' is 'min' for losses and errors, else 'max'. `mode` was checked
+    by ExperimentConfig."""
+    if mode in ("max", "min"):
+        return mode
+    return "min" if any(word in metric for word in ("loss", "error")) else "max"
 
 
 def _require_int(name: str, value, *, minimum: int) -> None:

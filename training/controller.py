@@ -76,9 +76,9 @@ class Controller:
         config = self.config
         self.summaries = Summaries(run_dir)
         self.progress = Progress(config.train_steps, config.global_batch_size, enabled=run_dir.is_chief)
-        self.history = History(run_dir, metric=config.best_metric or "eval/loss",
-                               mode=config.best_mode if config.best_metric else "auto",
-                               evaluated=("loss", *(metric.name for metric in trainer.eval_metrics)))
+        metric, mode = config.best_by()
+        self.history = History(run_dir, metric=metric, mode=mode,
+                               evaluated=("loss", *(each.name for each in trainer.eval_metrics)))
         self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
         self.profiler = Profiler(config.profile_steps, run_dir.model_dir, enabled=run_dir.is_chief,
                                  may_write=self._may_write)

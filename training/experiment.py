@@ -56,7 +56,7 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     with _lock_for(mode, run_dir) as writable:
         try:
             stop_signals.stop_if_requested("before training started")
-            trainer = Trainer(config, strategy, training=mode == "train")
+            trainer = Trainer(config, strategy, training=mode == "train", bound_arguments=bound_model_arguments)
             controller = Controller(trainer, run_dir, model_settings=model_settings(config.model))
             stop_signals.stop_if_requested("before training started")
             if mode == "train":
@@ -126,9 +126,18 @@ def model_settings(model_name: str) -> dict:
     return {f"{name}.{key}": value for key, value in {**defaults, **gin.get_bindings(builder)}.items()}
 
 
+def bound_model_arguments(model_name: str) -> frozenset[str]:
+    """The keyword arguments of MODEL `model_name`'s builder that gin binds (`transformer.vocab_size=100`), for the
+    Trainer's check that a model gets every argument it needs."""
+    try:
+        return frozenset(gin.get_bindings(get_model_builder(model_name)))
+    except (ConfigError, ValueError):  # An unknown MODEL (the Trainer names it), or a builder gin does not know.
+        return frozenset()
+
+
 def preflight(*, model_dir: str) -> bool:
     """Checks the configured experiment on this machine's CPU (training/preflight.py); prints a report."""
     config = experiment()
-    checks = preflight_module.run_preflight(config, model_dir)
+    checks = preflight_module.run_preflight(config, model_dir, bound_arguments=bound_model_arguments)
     print(preflight_module.report(checks, config), flush=True)
     return not any(check.problem for check in checks)

@@ -16,6 +16,7 @@ It prints one line per check and every problem found, not just the first.
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Collection
 
 import tensorflow as tf
 
@@ -23,7 +24,7 @@ from common.errors import ConfigError
 from common.extras import check_gcs_paths
 from tpu_utils.strategy import configure_virtual_cpus, make_strategy
 from training.config import ExperimentConfig
-from training.trainer import Trainer
+from training.trainer import Trainer, nothing_bound
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ def preflight_replicas(config: ExperimentConfig) -> int:
     return config.target_replicas or config.virtual_devices or 1
 
 
-def run_preflight(config: ExperimentConfig, model_dir: str) -> list[Check]:
+def run_preflight(config: ExperimentConfig, model_dir: str, *,
+                  bound_arguments: Callable[[str], Collection[str]] = nothing_bound) -> list[Check]:
     """Runs every check (see the module docstring); returns them, failed ones with their problem."""
     replicas = preflight_replicas(config)
     configure_virtual_cpus(replicas)
@@ -49,7 +51,7 @@ def run_preflight(config: ExperimentConfig, model_dir: str) -> list[Check]:
     if checks[0].problem or checks[2].problem:
         return checks  # Nothing can be built for this replica count, or the data's bucket is not usable.
     try:
-        trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
+        trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas), bound_arguments=bound_arguments)
         context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas)
         train_spec = trainer.train_input_fn()(context).element_spec
         eval_spec = trainer.eval_input_fn(context).element_spec

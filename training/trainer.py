@@ -5,8 +5,8 @@ does). The replica-invariance check (tools/replica_invariance.py) builds Trainer
 """
 
 import inspect
+from collections.abc import Callable, Collection
 
-import gin
 import keras
 import tensorflow as tf
 
@@ -23,16 +23,27 @@ from training.learning.losses import check_per_example_losses, get_loss
 from training.learning.metrics import make_metrics
 from training.learning.optimizers import make_optimizer
 
+# MODEL name -> the arguments of its builder bound outside the Trainer's model_options (by gin).
+BoundArguments = Callable[[str], Collection[str]]
+
+
+def nothing_bound(model_name: str) -> Collection[str]:
+    """No model argument is bound outside `model_options` (a Trainer built without gin)."""
+    return ()
+
 
 class Trainer:
     """Builds everything for `config` under `strategy`; `model_options` override the model builder's arguments.
+    `bound_arguments(MODEL)` names the arguments of that model's builder that are bound elsewhere (gin: the entry
+    point passes training/experiment.py's `bound_model_arguments`), so that a missing one can be told from a given
+    one before the build; the Trainer itself never reads gin.
 
     `training=False` (--mode=eval/export) skips the check that GLOBAL_BATCH_SIZE divides by the replicas: evaluation
     has its own batch, so a run can be evaluated on any replica count.
     """
 
     def __init__(self, config: ExperimentConfig, strategy: tf.distribute.Strategy, *, model_options: dict | None = None,
-                 training: bool = True):
+                 training: bool = True, bound_arguments: BoundArguments = nothing_bound):
         self.config = config
         self.strategy = strategy
         config.check_replicas(strategy.num_replicas_in_sync, training=training)
@@ -52,7 +63,7 @@ class Trainer:
 
         # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
         with seeded_build(config.precision, config.seed), strategy.scope():
-            self.model = _build_model(config, model_builder, self.task, model_options)
+            self.model = _build_model(config, model_builder, self.task, model_options, bound_arguments)
             self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
                                             schedule=config.lr_schedule, train_steps=config.train_steps)
             if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
@@ -137,14 +148,15 @@ class Trainer:
 
 
 
-def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None) -> keras.Model:
+def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None,
+                 bound: BoundArguments) -> keras.Model:
     """The model for `task`: the builder called with the task's input shape, output size and options (e.g. a text
     task's vocab_size), then `overrides`. A model that cannot take this task's inputs is a ConfigError naming both."""
     options = {**task.model_options(), **(overrides or {})}
-    unexpected, missing = _mismatch(config.model, builder, options)
+    unexpected, missing = _mismatch(config.model, builder, options, bound)
     if unexpected or missing:
         fitting = ", ".join(f"MODEL={name!r}" for name, other in MODELS.items()
-                            if _mismatch(name, other, options) == ([], [])) or "none is registered"
+                            if _mismatch(name, other, options, bound) == ([], [])) or "none is registered"
         problem = (f"gives the model {', '.join(unexpected)}, which {config.model}() does not take" if unexpected else
                    f"does not give the model {', '.join(missing)}, which {config.model}() needs")
         raise ConfigError(f"MODEL={config.model!r} does not fit DATASET={config.dataset!r}: its task "
@@ -154,7 +166,7 @@ def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None
         return builder(task.input_shape, task.output_size, **options)
     except _BUILD_ERRORS as error:  # e.g. cnn.filters=(0,); cnn on feature vectors.
         message = " ".join(str(error).split("\n")[0].split())[:300].rstrip(".")  # Without gin's call context.
-        fitting = ", ".join(f"MODEL={name!r}" for name in _models_that_build(task, exclude=config.model))
+        fitting = ", ".join(f"MODEL={name!r}" for name in _models_that_build(task, bound, exclude=config.model))
         raise ConfigError(f"MODEL={config.model!r} cannot be built for DATASET={config.dataset!r} (inputs of shape "
                           f"{task.input_shape}, {task.output_size} outputs): {type(error).__name__}: {message}. Fix "
                           f"its gin bindings ({config.model}.<argument>=...), or use a model built for this kind of "
@@ -164,11 +176,11 @@ def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None
 _BUILD_ERRORS = (ValueError, TypeError, IndexError, KeyError)
 
 
-def _models_that_build(task, *, exclude: str) -> list[str]:
+def _models_that_build(task, bound: BoundArguments, *, exclude: str) -> list[str]:
     """The other registered models that build for `task` as configured (tried one by one: only on the error path)."""
     fitting = []
     for name, builder in MODELS.items():
-        if name == exclude or _mismatch(name, builder, task.model_options()) != ([], []):
+        if name == exclude or _mismatch(name, builder, task.model_options(), bound) != ([], []):
             continue
         try:
             builder(task.input_shape, task.output_size, **task.model_options())
@@ -178,21 +190,14 @@ def _models_that_build(task, *, exclude: str) -> list[str]:
     return fitting
 
 
-def _mismatch(name: str, builder, options: dict) -> tuple[list[str], list[str]]:
-    """(options the builder does not take, keyword arguments it needs that neither `options` nor gin give)."""
+def _mismatch(name: str, builder, options: dict, bound: BoundArguments) -> tuple[list[str], list[str]]:
+    """(options the builder does not take, keyword arguments it needs that neither `options` nor `bound` give)."""
     parameters = list(inspect.signature(builder).parameters.values())
     if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
         return [], []
     unexpected = [option for option in options if option not in {parameter.name for parameter in parameters}]
+    elsewhere = set(bound(name))
     missing = [parameter.name for parameter in parameters[2:]  # After (input_shape, num_classes).
                if parameter.default is parameter.empty and parameter.name not in options
-               and not _bound_in_gin(f"{name}.{parameter.name}")]
+               and parameter.name not in elsewhere]
     return unexpected, missing
-
-
-def _bound_in_gin(binding: str) -> bool:
-    try:
-        gin.query_parameter(binding)
-        return True
-    except ValueError:
-        return False

@@ -33,15 +33,6 @@ log = logging.getLogger(__name__)
 FILE = "metrics.jsonl"
 
 
-def best_mode(metric: str, mode: str) -> str:
-    """'max' or 'min'; 'auto' is 'min' for losses and errors, else 'max'."""
-    if mode in ("max", "min"):
-        return mode
-    if mode != "auto":
-        raise ConfigError(f"BEST_MODE={mode!r} must be 'max', 'min' or 'auto'.")
-    return "min" if any(word in metric for word in ("loss", "error")) else "max"
-
-
 def read_records(path: str) -> list[dict]:
     """The records of a metrics.jsonl (local or gs://); unparsable lines (a half-written last one) are skipped."""
     return _read(path)[0]
@@ -69,21 +60,20 @@ def _read(path: str) -> tuple[list[dict], int]:
 class History:
     """Appends records to model_dir/metrics.jsonl and keeps the best evaluation by `metric` ('eval/accuracy')."""
 
-    def __init__(self, run_dir, *, metric: str = "eval/loss", mode: str = "auto",
+    def __init__(self, run_dir, *, metric: str = "eval/loss", mode: str = "min",
                  evaluated: tuple[str, ...] | None = None, clock=time.time):
-        """`evaluated`: the names an evaluation reports ('loss' and the metrics); `metric` must be one of them,
-        checked now rather than at the first evaluation, which may be hours of accelerator time away."""
+        """`metric` ('eval/<name>') and `mode` ('max' or 'min'): what the best evaluation is, as
+        ExperimentConfig.best_by() resolves BEST_METRIC and BEST_MODE. `evaluated`: the names an evaluation reports
+        ('loss' and the metrics); `metric` must be one of them, checked now rather than at the first evaluation,
+        which may be hours of accelerator time away."""
         self.run_dir = run_dir
         self.path = run_dir.path(FILE)
-        kind, _, name = metric.partition("/")
-        if kind != "eval" or not name:
-            raise ConfigError(f"BEST_METRIC={metric!r} must name an evaluation metric, e.g. 'eval/accuracy' or "
-                              "'eval/loss'.")
+        name = metric.partition("/")[2]
         if evaluated is not None and name not in evaluated:
             raise ConfigError(f"BEST_METRIC={metric!r}: the evaluation reports no {name!r} (it reports "
                               f"{', '.join(evaluated)}). Use one of those, e.g. 'eval/{evaluated[-1]}', or add the "
                               "metric to experiment.metrics.")
-        self.metric, self.metric_name, self.mode = metric, name, best_mode(metric, mode)
+        self.metric, self.metric_name, self.mode = metric, name, mode
         self.clock = clock
         self._keys: set = set()
         self._pending: list[dict] = []  # Records not yet written (the storage failed); written with the next one.

@@ -1,6 +1,6 @@
 """What a request to the Cloud Storage APIs names: its bucket, the objects it reads and the objects it creates.
 
-The test proxy (tests/gcs/proxy.py) uses it to refuse names GCS would treat as other objects than the code meant
+The test proxy (tests/gcs_server/proxy.py) uses it to refuse names GCS would treat as other objects than the code meant
 ('a//b', '/a') and to match injected failures. It understands the URL forms TensorFlow and google-cloud-storage use:
 - JSON API, object in the path, percent-encoded ('a%2Fb'): /storage/v1/b/B/o/NAME, /download/storage/v1/b/B/o/NAME,
   .../o/SOURCE/rewriteTo/b/B2/o/TARGET (also copyTo), .../o/TARGET/compose;

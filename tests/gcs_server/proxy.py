@@ -13,8 +13,8 @@ forwarded the same way, so both clients see the same rules:
 - answers 412 when a request's ifGenerationMatch/ifMetagenerationMatch does not hold (fake-gcs-server checks them
   on uploads only, GCS on reads and deletes too);
 - answers 400 to a request that creates an object whose name has an empty segment ('a//b') or starts with '/'
-  (tests/gcs/object_names.py): GCS would store it apart from 'a/b', so no code of ours may ever form one; with the
-  filesystem BACKEND, which stores 'a//b' as the file 'a/b', every other request naming one gets 404, as on GCS
+  (tests/gcs_server/object_names.py): GCS would store it apart from 'a/b', so no code of ours may ever form one; with
+  the filesystem BACKEND, which stores 'a//b' as the file 'a/b', every other request naming one gets 404, as on GCS
   (with the memory backend the server keeps names exact: reads and deletes of one go through);
 - answers the failures listed in DIRECTORY/faults.jsonl (`GcsEmulator.inject_failures`: a regex, a status, a count)
   instead of forwarding, and logs each one served to DIRECTORY/faults_served.log;
@@ -22,7 +22,7 @@ forwarded the same way, so both clients see the same rules:
 - answers 503 when the fake server is down (as GCS would while unreachable).
 A separate process, never a thread of the test process: TF does GCS I/O while holding the GIL.
 
-  python tests/gcs/proxy.py UPSTREAM_PORT DIRECTORY BACKEND
+  python tests/gcs_server/proxy.py UPSTREAM_PORT DIRECTORY BACKEND
 """
 import datetime
 import http.client

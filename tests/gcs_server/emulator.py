@@ -1,4 +1,4 @@
-"""A real GCS JSON-API server on loopback for tests: fake-gcs-server plus the TLS proxy (tests/gcs/proxy.py).
+"""A real GCS JSON-API server on loopback for tests: fake-gcs-server plus the TLS proxy (tests/gcs_server/proxy.py).
 
 `GcsEmulator.start()` runs both as separate processes and points TensorFlow (https_proxy, CURL_CA_BUNDLE, a test
 token), TFDS (through TF) and google-cloud-storage (STORAGE_EMULATOR_HOST) at them via the environment, which
@@ -7,8 +7,8 @@ subprocesses inherit. The GCS_* retry and cache settings must be in the environm
 
 Object names are exact, as on GCS: the default `backend="memory"` keeps 'a//b' and 'a/b' apart. Only a test that
 stops and restarts the server needs `backend="filesystem"` (objects on disk survive `restart_server()`); that backend
-stores 'a//b' as the file 'a/b', so the proxy answers 404 for such names there (tests/gcs/proxy.py), and refuses to
-create one with either backend. `plant_object` writes straight to the server (what an old version left behind), and
+stores 'a//b' as the file 'a/b', so the proxy answers 404 for such names there (tests/gcs_server/proxy.py), and refuses
+to create one with either backend. `plant_object` writes straight to the server (what an old version left behind), and
 `inject_failures` makes the proxy answer N requests with an error status (429, 503, ...).
 """
 
@@ -144,7 +144,7 @@ class GcsEmulator:
     def inject_failures(self, pattern: str, status: int, count: int, method: str | None = None) -> str:
         """The next `count` requests whose description matches the regex `pattern` get `status` from the proxy;
         returns the rule's id (for failures_served). A description is 'METHOD /decoded/path?query NAMES...', the
-        names being the objects the request reads or creates (tests/gcs/object_names.py)."""
+        names being the objects the request reads or creates (tests/gcs_server/object_names.py)."""
         rule = {"id": uuid.uuid4().hex[:8], "pattern": pattern, "status": status, "count": count, "method": method}
         with open(os.path.join(self.directory, "faults.jsonl"), "a") as handle:
             handle.write(json.dumps(rule) + "\n")
