@@ -67,17 +67,23 @@ def main() -> None:
         import gin
 
         handle.write(gin.operative_config_str())
+    from training.observers.standard import ProgressLines, TensorBoard
+
+    def observer(kind):
+        return next(each for each in controller.observers if isinstance(each, kind))
+
+    progress, tensorboard = observer(ProgressLines).progress, observer(TensorBoard)
     started = time.perf_counter()
-    controller._describe_run()
+    tensorboard.loops_start(trainer.step)  # The one-off TensorBoard set-up of a run.
     set_up = time.perf_counter() - started
 
     totals = {}
-    controller.progress.loop_done = _timed(totals, "progress", controller.progress.loop_done)
+    progress.loop_done = _timed(totals, "progress", progress.loop_done)
     controller.history.record = _timed(totals, "history", controller.history.record)
-    controller.summaries.scalars = _timed(totals, "summaries", controller.summaries.scalars)
+    tensorboard.summaries.scalars = _timed(totals, "summaries", tensorboard.summaries.scalars)
     iterator = trainer.train_iterator()
     steps = config.steps_per_loop
-    with controller.progress.active(trainer.step):
+    with progress.active(trainer.step):
         controller._run_one_loop(iterator)  # Traces and compiles.
         trainer.train(iterator, steps)
         bare, full, observed = [], [], []

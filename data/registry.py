@@ -11,6 +11,7 @@ import dataclasses
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
+from common.registry import lookup
 from data import imagenet
 from data.spec import DatasetSpec, check_task_features
 from tasks.base import Task
@@ -78,11 +79,9 @@ def get_dataset_spec(name: str, data_dir: str | None = None) -> DatasetSpec:
         from data.staged_spec import spec_from_metadata
 
         return spec_from_metadata(name[len("tfds:"):], data_dir)
-    try:
-        return dataclasses.replace(DATASETS[name], name=name)
-    except KeyError:
-        raise ConfigError(f"Unknown DATASET={name!r}. Known datasets: {', '.join(sorted(DATASETS))}. Register a new "
-                          "one in data/registry.py, or use 'tfds:NAME' for a staged TFDS dataset.") from None
+    spec = lookup(DATASETS, name, named=f"DATASET={name!r}", known="datasets", where="data/registry.py",
+                  hint=", or use 'tfds:NAME' for a staged TFDS dataset")
+    return dataclasses.replace(spec, name=name)
 
 
 def bind_task(spec: DatasetSpec, builder, *, dataset: str) -> DatasetSpec:

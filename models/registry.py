@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import keras
 
-from common.errors import ConfigError
+from common.registry import lookup
 from models import cnn, mlp, resnet, transformer
 
 ModelBuilder = Callable[..., keras.Model]
@@ -28,8 +28,4 @@ MODELS: dict[str, ModelBuilder] = {
 
 def get_model_builder(name: str) -> ModelBuilder:
     """The registered builder for `name`; a ConfigError that lists the known names otherwise."""
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise ConfigError(f"Unknown MODEL={name!r}. Known models: {', '.join(sorted(MODELS))}. Register a new one "
-                          "in models/registry.py.") from None
+    return lookup(MODELS, name, named=f"MODEL={name!r}", known="models", where="models/registry.py")

@@ -39,7 +39,7 @@ class ServedRun:
     def eval_inputs(self, count: int = 16) -> dict:
         """The first `count` eval examples as a client sends them, read straight from TFDS (not through serving/)."""
         trainer = self.trainer
-        split = tfds.as_numpy(trainer.data.as_dataset(split=trainer.dataset_spec.eval_split, batch_size=-1))
+        split = tfds.as_numpy(trainer.builder.as_dataset(split=trainer.dataset_spec.eval_split, batch_size=-1))
         key = {"image": "image", "text": "text"}.get(self.name, "features")
         name = {"image": "images"}.get(self.name, key)
         return {name: split[key][:count]}

@@ -32,11 +32,12 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["LEARNING_RATE=-0.1"], "LEARNING_RATE=-0.1 must be a finite number > 0"),
     (["PRECISION='float8'"], "PRECISION='float8' is not one of"),
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
-    (["experiment.optimizer='lion'"], "experiment.optimizer='lion' is unknown. Known: adam, adamw, sgd; e.g. "
-                                      "--gin_param=\"experiment.optimizer='adam'\", or register one in "
-                                      "training/learning/optimizers.py."),
-    (["experiment.lr_schedule='step'"], "experiment.lr_schedule='step' is unknown. Known: constant, cosine; e.g. "
-                                        "--gin_param=\"experiment.lr_schedule='cosine'\""),
+    (["experiment.optimizer='lion'"], "Unknown experiment.optimizer='lion'. Known optimizers: adam, adamw, sgd. "
+                                      "Register a new one in training/learning/optimizers.py; e.g. "
+                                      "--gin_param=\"experiment.optimizer='adam'\"."),
+    (["experiment.lr_schedule='step'"], "Unknown experiment.lr_schedule='step'. Known schedules: constant, cosine. "
+                                        "Register a new one in training/learning/optimizers.py; e.g. "
+                                        "--gin_param=\"experiment.lr_schedule='cosine'\"."),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
     # Checked with the config, before the strategy is made (on a TPU that takes minutes); here no TPU exists.
     (["STRATEGY='tpu'", "PROFILE_STEPS=(5, 2)"], "PROFILE_STEPS=(5, 2) must be (start, stop) with 0 <= start < stop"),

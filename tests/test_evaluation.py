@@ -22,7 +22,7 @@ TIE_MARGIN = 1e-4  # Logits this close to the top one may win the argmax in anot
 def _numpy_metrics(trainer: Trainer, chunk: int) -> dict:
     """Loss and correct counts over the whole eval split, from the model's logits in chunks of `chunk` images."""
     spec = trainer.dataset_spec
-    examples = tfds.as_numpy(trainer.data.as_dataset(split=spec.eval_split, batch_size=-1))
+    examples = tfds.as_numpy(trainer.builder.as_dataset(split=spec.eval_split, batch_size=-1))
     assert examples["label"].shape[0] % EVAL_BATCH != 0, "the split must not be a multiple of the batch"
     images = trainer.task.preprocess(examples["image"])
     logits = np.concatenate([trainer.model(images[start:start + chunk], training=False).numpy()
@@ -65,7 +65,8 @@ def test_eval_input_covers_each_example_once_and_masks_padding(small_config):
     from data import pipeline
 
     trainer = Trainer(small_config(eval_batch_size=EVAL_BATCH, global_batch_size=48), make_strategy("default"))
-    input_fn, num_steps = pipeline.make_eval_input_fn(trainer.dataset_spec, trainer.data, global_batch_size=EVAL_BATCH)
+    input_fn, num_steps = pipeline.make_eval_input_fn(trainer.dataset_spec, trainer.builder,
+                                                      global_batch_size=EVAL_BATCH)
     assert num_steps == 8  # ceil(360 / 48)
     seen_labels, masks = [], []
     for pipeline_id in range(3):
@@ -77,7 +78,7 @@ def test_eval_input_covers_each_example_once_and_masks_padding(small_config):
             masks.append(mask.numpy())
     all_masks = np.concatenate(masks)
     assert all_masks.sum() == 360 and all_masks.size == 384
-    expected = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=-1))["label"]
+    expected = tfds.as_numpy(trainer.builder.as_dataset(split="test", batch_size=-1))["label"]
     np.testing.assert_array_equal(np.sort(np.concatenate(seen_labels)), np.sort(expected))
 
 

@@ -25,14 +25,16 @@ def guide():
     from data import registry as datasets
     from models import registry as models
     from training.learning import losses, metrics, optimizers
+    from training.observers import standard as observers
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         for module, name in ((models, "MODELS"), (losses, "LOSSES"), (metrics, "METRICS"),
-                             (optimizers, "SCHEDULES"), (datasets, "DATASETS")):
+                             (optimizers, "SCHEDULES"), (datasets, "DATASETS"), (observers, "OBSERVERS")):
             monkeypatch.setattr(module, name, dict(getattr(module, name)))
         # Functions that read a registry look it up in their module at call time: they see the copies.
         blocks = _code_blocks()
-        assert len(blocks) == 7, "a model and its registration, a loss, a metric, a schedule, a task and its entry"
+        assert len(blocks) == 8, ("a model and its registration, a loss, a metric, a schedule, a task and its "
+                                  "entry, an observer")
         namespace = {"__name__": "make_it_yours"}  # One namespace: a registration block uses the block before.
         for block in blocks:
             exec(compile(block, GUIDE, "exec"), namespace)
@@ -85,3 +87,20 @@ def test_the_guides_step_decay_schedule_decays_at_its_boundaries(guide):
 
     schedule = SCHEDULES["step_decay"](0.1, 1000)
     assert [round(float(schedule(step)), 6) for step in (0, 499, 501, 751)] == [0.1, 0.1, 0.01, 0.001]
+
+
+def test_the_guides_observer_writes_its_csv_without_an_edit_of_the_controller(data_dir, guide, tmp_path):
+    """The observer of "Watch it your way" runs after the standard ones: one row per loop, the loss of each loop as
+    metrics.jsonl records it. An unknown observer name is exit 2 naming the known ones (the negative control)."""
+    from common.errors import ConfigError
+
+    _train(tmp_path, "experiment.observers=['loss_csv']", "STEPS_PER_LOOP=100")
+    rows = open(tmp_path / "run" / "losses.csv").read().splitlines()
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    train_losses = {record["step"]: record["metrics"]["loss"] for record in records if record["kind"] == "train"}
+    assert rows[0] == "step,loss,learning_rate" and [int(row.split(",")[0]) for row in rows[1:]] == [100, 200, 300]
+    for row in rows[1:]:
+        step, loss, _ = row.split(",")
+        assert abs(float(loss) - train_losses[int(step)]) < 1e-6
+    with pytest.raises(ConfigError, match=r"Unknown experiment.observers entry 'loss_cvs'. Known observers: .*csv"):
+        _train(tmp_path / "other", "experiment.observers=['loss_cvs']")

@@ -265,9 +265,9 @@ def test_a_task_without_serving_example_exports_without_requests(served, tmp_pat
     run = served("image")
     trainer = run.trainer
     task = Bare(**{field.name: getattr(trainer.task, field.name) for field in dataclasses.fields(trainer.task)})
-    examples = first_examples(task, trainer.data, trainer.dataset_spec.eval_split, 4)
+    examples = first_examples(task, trainer.builder, trainer.dataset_spec.eval_split, 4)
     assert examples is None
-    assert first_examples(trainer.task, trainer.data, trainer.dataset_spec.eval_split, 4)["images"].shape == \
+    assert first_examples(trainer.task, trainer.builder, trainer.dataset_spec.eval_split, 4)["images"].shape == \
         (4, 8, 8, 1)  # Control: the shipped task has them.
     export_dir = export_saved_model(trainer.model, task, str(tmp_path / "export" / "1"), examples=examples)
     assert sorted(os.listdir(os.path.join(export_dir, "assets.extra"))) == ["serving_metadata.json"]

@@ -44,7 +44,7 @@ def test_each_worked_example_reaches_its_stated_result_and_serves_raw_rows(tmp_p
     # The export takes raw float rows (not standardised ones) and applies the training preprocessing itself.
     config = _shipped(config_file)
     trainer = Trainer(config, make_strategy("default"), training=False)
-    rows = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=8).take(1))
+    rows = tfds.as_numpy(trainer.builder.as_dataset(split="test", batch_size=8).take(1))
     rows = next(iter(rows))
     served = tf.saved_model.load(os.path.join(model_dir, "export", str(config.train_steps)))
     outputs = served.signatures["serving_default"](features=tf.constant(rows["features"]))
@@ -81,7 +81,7 @@ def test_classification_metrics_equal_numpy_over_the_whole_split(data_dir, repli
     trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
     trainer.train(trainer.train_iterator(), 60)  # Partly trained: some errors, so every metric can be wrong.
     evaluation = trainer.evaluate()
-    rows = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=-1))
+    rows = tfds.as_numpy(trainer.builder.as_dataset(split="test", batch_size=-1))
     logits = trainer.model(trainer.task.preprocess(rows["features"]), training=False).numpy().astype(np.float64)
     expected = _binary_numpy_metrics(logits, rows["label"])
     assert 0.5 < expected["accuracy"] < 1.0 and 0 < expected["precision"] < 1  # Not trivially perfect.
@@ -99,7 +99,7 @@ def test_regression_metrics_equal_numpy_over_the_whole_split(data_dir, replicas)
     trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
     trainer.train(trainer.train_iterator(), 50)
     evaluation = trainer.evaluate()
-    rows = tfds.as_numpy(trainer.data.as_dataset(split="test", batch_size=-1))
+    rows = tfds.as_numpy(trainer.builder.as_dataset(split="test", batch_size=-1))
     predictions = trainer.model(trainer.task.preprocess(rows["features"]), training=False).numpy()[:, 0]
     errors = predictions.astype(np.float64) - rows["target"]
     assert len(errors) == 1000 and 1000 % 48  # A padded last batch.

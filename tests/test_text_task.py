@@ -37,7 +37,7 @@ def _shipped(*params: str):
 
 
 def _split(trainer: Trainer, split: str) -> dict:
-    return tfds.as_numpy(trainer.data.as_dataset(split=split, batch_size=-1))
+    return tfds.as_numpy(trainer.builder.as_dataset(split=split, batch_size=-1))
 
 
 def _python_token_ids(text: str, vocabulary: tuple[str, ...], length: int) -> list[int]:
@@ -66,9 +66,9 @@ def test_tokenisation_in_the_graph_equals_python_on_every_review_and_odd_strings
 
 
 def test_the_vocabulary_is_counted_on_the_train_split_the_same_way_every_time(trainer):
-    again = data_registry.get_dataset_spec("synthetic_reviews").task.bind(trainer.data)
+    again = data_registry.get_dataset_spec("synthetic_reviews").task.bind(trainer.builder)
     assert again.vocabulary == trainer.task.vocabulary
-    small = TextClassification(max_tokens=12).bind(trainer.data)
+    small = TextClassification(max_tokens=12).bind(trainer.builder)
     assert small.vocabulary == trainer.task.vocabulary[:10] and small.vocabulary_size == 12
     with pytest.raises(ValueError, match="max_tokens=2 is too small"):
         TextClassification(max_tokens=2)

@@ -66,6 +66,8 @@ class ExperimentConfig:
     train_data_on_device: str = "auto"
     # Also write model.tflite (LiteRT) into every export, when the serving graph converts (docs/serving.md).
     export_tflite: bool = False
+    # Observers (training/observers/standard.py OBSERVERS) called after the standard ones, e.g. your own logger.
+    observers: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.
@@ -73,6 +75,10 @@ class ExperimentConfig:
                 raise ConfigError(f"experiment.metrics={self.metrics!r} must be a list of metric names, e.g. "
                                   "--gin_param=\"experiment.metrics=['accuracy', 'top_5_accuracy']\".")
             object.__setattr__(self, "metrics", tuple(self.metrics))
+        if isinstance(self.observers, str) or not all(isinstance(name, str) for name in self.observers):
+            raise ConfigError(f"experiment.observers={self.observers!r} must be a list of observer names, e.g. "
+                              "--gin_param=\"experiment.observers=['my_logger']\".")
+        object.__setattr__(self, "observers", tuple(self.observers))
         # Checked here, before the strategy is made (minutes on a TPU), not when the controller first needs them.
         if self.best_mode not in ("max", "min", "auto"):
             raise ConfigError(f"BEST_MODE={self.best_mode!r} must be 'max', 'min' or 'auto'; e.g. "

@@ -1,33 +1,26 @@
 """The host loop: the only code that decides when to log, evaluate, checkpoint, summarise and export.
 
-Between two on-device loops of STEPS_PER_LOOP steps it: checks the loss and every weight and optimizer variable
-are finite (else exit 4 naming the newest finite checkpoint; nothing non-finite is ever saved), warns when the loss
-diverges, shows progress with an ETA (training/observers/progress.py), appends to metrics.jsonl
-(training/run_directory/history.py), writes TensorBoard summaries (training/observers/summaries.py), profiles
-PROFILE_STEPS (training/observers/profiling.py), evaluates every EVAL_EVERY steps (rewriting metrics.json; keeping the
-best checkpoint by BEST_METRIC, training/run_directory/best.py), checkpoints every CHECKPOINT_EVERY steps
+Between two on-device loops of STEPS_PER_LOOP steps it tells its observers (training/observers/: the finite guard,
+the profiler, progress lines, TensorBoard, metrics.jsonl, best-keeping; yours through `experiment.observers`),
+evaluates every EVAL_EVERY steps (rewriting metrics.json), checkpoints every CHECKPOINT_EVERY steps
 (training/run_directory/checkpoints.py: read back before older ones are deleted), and honours SIGTERM/SIGINT
 (checkpoint, then exit 3). At the end it evaluates, checkpoints and exports; a stop requested during that still
 writes the final checkpoint first.
 """
 
-import dataclasses
+import contextlib
 import logging
-import math
 import time
 
 import tensorflow as tf
 
-from common.errors import ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted
+from common.errors import ConfigError, StorageError, TrainingInterrupted
 from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import io_device_for, is_multi_worker
 from training import stop_signals
-from training.observers.health import DivergenceMonitor, make_finite_check, non_finite_names
-from training.observers.profiling import Profiler
-from training.observers.profiling import start_server as start_profiler_server
-from training.observers.progress import Progress
-from training.observers.summaries import Summaries
+from training.observers.base import Evaluation, Observer, TrainLoop
+from training.observers.standard import RunParts, make_observers
 from training.run_directory import identity as run_identity
 from training.run_directory.best import BestKeeper
 from training.run_directory.checkpoints import CheckpointStore
@@ -49,9 +42,11 @@ def _drop_partial_restore_warnings(record) -> bool:
 
 
 class Controller:
-    """Runs a Trainer to TRAIN_STEPS with the bookkeeping of the run directory."""
+    """Runs a Trainer to TRAIN_STEPS with the bookkeeping of the run directory. `observers`: the list to call
+    instead of the configured one (training/observers/standard.py make_observers), e.g. in a test or a notebook."""
 
-    def __init__(self, trainer: Trainer, run_dir: RunDirectory, *, model_settings: dict | None = None):
+    def __init__(self, trainer: Trainer, run_dir: RunDirectory, *, model_settings: dict | None = None,
+                 observers: list[Observer] | None = None):
         self.trainer = trainer
         self.run_dir = run_dir
         self.config = trainer.config
@@ -66,23 +61,21 @@ class Controller:
         # so one worker cannot retry it alone.
         run_dir.guard.recovery = self.store.previous_phrase
         run_dir.guard.retries = not is_multi_worker(trainer.strategy)
-        self._all_finite = make_finite_check(self._state_variables())
-        self._divergence = DivergenceMonitor()
         # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
         self._any_worker = make_any_worker(trainer.strategy) if is_multi_worker(trainer.strategy) else bool
         self._saved_step = None  # Step of the newest checkpoint this process wrote or restored.
         self._train_metrics = {}  # Of the last training loop; metrics.json's "train" part.
-        self._model_settings = model_settings or {}
-        config = self.config
-        self.summaries = Summaries(run_dir)
-        self.progress = Progress(config.train_steps, config.global_batch_size, enabled=run_dir.is_chief)
-        metric, mode = config.best_by()
+        metric, mode = self.config.best_by()
         self.history = History(run_dir, metric=metric, mode=mode,
                                evaluated=("loss", *(each.name for each in trainer.eval_metrics)))
-        self.best = BestKeeper(trainer, run_dir) if config.best_metric else None
-        self.profiler = Profiler(config.profile_steps, run_dir.model_dir, enabled=run_dir.is_chief,
-                                 may_write=self._may_write)
-        self._profiler_port = config.profiler_port if run_dir.is_chief else 0
+        self.best = BestKeeper(trainer, run_dir) if self.config.best_metric else None
+        parts = RunParts(trainer=trainer, run_dir=run_dir, store=self.store, history=self.history, best=self.best,
+                         any_worker=self._any_worker, model_settings=model_settings or {}, may_write=self._may_write)
+        self.observers = make_observers(parts, self.config.observers) if observers is None else list(observers)
+
+    def _notify(self, hook: str, *args) -> None:
+        for observer in self.observers:
+            getattr(observer, hook)(*args)
 
     def _may_write(self) -> bool:
         """Whether this run may still write model_dir (its lock held, its storage not failing for too long)."""
@@ -91,9 +84,6 @@ class Controller:
         except StorageError:
             return False
         return True
-
-    def _state_variables(self) -> list:
-        return [*self.trainer.model.variables, *self.trainer.optimizer.variables]
 
     def _save(self, step: int) -> None:
         """Checkpoints `step` (once), never non-finite state (the loop's finite check ran just before). The run lock
@@ -154,28 +144,25 @@ class Controller:
         if trainer.step >= config.train_steps:
             log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
                      config.train_steps)
-        try:
-            with self.progress.active(trainer.step):
-                if trainer.step < config.train_steps:
-                    self._train_loops()
-                with stop_signals.honoured():
-                    final = self.evaluate()
-                    self._stop_if_requested(f"after the final evaluation at step {trainer.step}",
-                                            export_follows=True)
-                    self._save(trainer.step)
-                    self.export()
-                    self._stop_if_requested(f"after the export of step {trainer.step}")
-                    self.history.flush()  # Records kept through a storage failure: written, or a StorageError.
-        finally:  # Also on a stop (exit 3) or a failure: the TensorBoard events written so far reach storage.
-            self.summaries.flush()
+        with contextlib.ExitStack() as running:  # Closed also on a stop (exit 3) or a failure (TensorBoard flushes).
+            for observer in self.observers:
+                running.enter_context(observer.running(trainer.step))
+            if trainer.step < config.train_steps:
+                self._train_loops()
+            with stop_signals.honoured():
+                final = self.evaluate()
+                self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
+                self._save(trainer.step)
+                self.export()
+                self._stop_if_requested(f"after the export of step {trainer.step}")
+                self.history.flush()  # Records kept through a storage failure: written, or a StorageError.
         self._check_replicas_agree()
         return final
 
     def _train_loops(self) -> None:
         """Loops to TRAIN_STEPS, evaluating and checkpointing between loops as configured."""
         config, trainer = self.config, self.trainer
-        self._describe_run()
-        start_profiler_server(self._profiler_port)
+        self._notify("loops_start", trainer.step)
         iterator = self._train_iterator()
         with stop_signals.honoured():
             # A stop requested during start-up ends here, before the first loop's compile and steps.
@@ -192,28 +179,14 @@ class Controller:
                     if config.checkpoint_every and step % config.checkpoint_every == 0:
                         self._save(step)
             finally:
-                self.profiler.stop()  # Also when training stops inside PROFILE_STEPS: the trace is written.
-
-    def _describe_run(self) -> None:
-        """TensorBoard, once per training process: the operative config, the hparams, and (from step 0) inputs."""
-        if not self.run_dir.is_chief:
-            return
-        step = self.trainer.step
-        path = self.run_dir.path("operative_config.gin")
-        if tf.io.gfile.exists(path):
-            with tf.io.gfile.GFile(path) as handle:
-                self.summaries.config_text(step, handle.read())
-        self.summaries.hparams(step, {**dataclasses.asdict(self.config), **self._model_settings},
-                               ["loss", *(metric.name for metric in self.trainer.eval_metrics)])
-        if step == 0:
-            self.summaries.input_images(0, self.trainer.task, self.trainer.data, self.trainer.dataset_spec.eval_split)
+                self._notify("loops_end")
 
     def _train_iterator(self):
         """The training iterator; a ConfigError (before any step) when the train split's files cannot be read."""
         try:
             return self.trainer.train_iterator()
         except (tf.errors.DataLossError, tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError) as error:
-            data_dir = self.trainer.data.data_dir
+            data_dir = self.trainer.builder.data_dir
             raise ConfigError(f"The training split in {data_dir} cannot be read ({describe(error, 200)}): a TFRecord "
                               f"file is truncated or corrupt. Delete {data_dir} and rerun to prepare it again (for a "
                               "staged dataset: python -m data.stage ...).") from error
@@ -233,18 +206,14 @@ class Controller:
         started = time.perf_counter()
         evaluation = self.trainer.evaluate()
         step, seconds = self.trainer.step, time.perf_counter() - started
-        self.progress.show_eval(step, evaluation, seconds)
+        self._notify("after_evaluation", Evaluation(step=step, metrics=evaluation, seconds=seconds))
         if record:
             return self.record_evaluation(step, evaluation, seconds)
         return {"step": step, "train": self._train_metrics, "eval": evaluation}
 
     def record_evaluation(self, step: int, evaluation: dict, seconds: float) -> dict:
-        """Writes an evaluation's summaries, metrics.jsonl record and metrics.json, and keeps a new best."""
-        self.summaries.scalars("eval", step, evaluation)
-        new_best = self.history.record_eval(step, evaluation, seconds)
-        # The chief's history decides for every worker (they all save, or none does: saving is collective).
-        if self.best is not None and self._any_worker(new_best and self.run_dir.is_chief):
-            self.best.keep(self.history.best if self.run_dir.is_chief else {"step": step})
+        """Records an evaluation: the observers' records (TensorBoard, metrics.jsonl, a new best), then metrics.json."""
+        self._notify("record_evaluation", Evaluation(step=step, metrics=evaluation, seconds=seconds))
         if not self._train_metrics:  # --mode=eval, or nothing left to train: keep the recorded training figures.
             self._train_metrics = (self.run_dir.read_json("metrics.json") or {}).get("train", {})
         self.run_dir.write_metrics(step, self._train_metrics, evaluation, best=self.history.best)
@@ -272,27 +241,11 @@ class Controller:
     def _run_one_loop(self, iterator) -> None:
         config, trainer = self.config, self.trainer
         num_steps = min(config.steps_per_loop, config.train_steps - trainer.step)
-        self.progress.loop_starting(trainer.step, num_steps)
-        self.profiler.before_loop(trainer.step, num_steps)
+        self._notify("before_loop", trainer.step, num_steps)
         started = time.perf_counter()
         metrics = trainer.train(iterator, num_steps)
         seconds = time.perf_counter() - started
-        step = trainer.step
-        self.profiler.after_loop(step)
-        if not math.isfinite(metrics["loss"]) or not self._all_finite():
-            what = f"Loss became {metrics['loss']}" if not math.isfinite(metrics["loss"]) else \
-                f"Weights or optimizer state became non-finite ({', '.join(non_finite_names(self._state_variables()))})"
-            newest, _ = self.store.newest_intact()  # Intact means finite, too.
-            resume = (f"The newest finite checkpoint is {newest}. Lower LEARNING_RATE or set "
-                      "experiment.clip_global_norm, then rerun to resume from it." if newest else
-                      "No checkpoint was written yet. Lower LEARNING_RATE or set experiment.clip_global_norm, then "
-                      "rerun: it starts from step 0.")
-            raise NonFiniteLossError(f"{what} between steps {step - num_steps} and {step}; nothing was saved since. "
-                                     f"{resume}")
-        self._divergence.observe(step, metrics["loss"])
         learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
-        rates = self.progress.loop_done(step, num_steps, seconds, metrics, learning_rate)
-        self.summaries.scalars("train", step, {**metrics, "learning_rate": learning_rate, **rates})
-        self.history.record("train", step, {**metrics, "learning_rate": learning_rate, **rates},
-                            seconds=round(seconds, 4))
+        self._notify("after_loop", TrainLoop(step=trainer.step, num_steps=num_steps, seconds=seconds, metrics=metrics,
+                                             learning_rate=learning_rate, global_batch_size=config.global_batch_size))
         self._train_metrics = metrics

@@ -49,14 +49,14 @@ class Trainer:
         config.check_replicas(strategy.num_replicas_in_sync, training=training)
         spec = get_dataset_spec(config.dataset, config.data_dir)
         model_builder = get_model_builder(config.model)
-        self.data = builders.load_builder(spec, config.data_dir)
+        self.builder = builders.load_builder(spec, config.data_dir)  # The TFDS builder, prepared in DATA_DIR.
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
-        self.dataset_spec = bind_task(spec, self.data, dataset=config.dataset)
+        self.dataset_spec = bind_task(spec, self.builder, dataset=config.dataset)
         self.task = self.dataset_spec.task
         # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
         on_tpu = config.strategy == "tpu" or isinstance(strategy, tf.distribute.TPUStrategy)
         self.train_data_on_device = training and device_split.wanted(
-            config.train_data_on_device, self.dataset_spec, self.data, on_tpu=on_tpu,
+            config.train_data_on_device, self.dataset_spec, self.builder, on_tpu=on_tpu,
             multi_worker=is_multi_worker(strategy))
         self._device_split = None
         self.loss_fn = loss_fn = get_loss(config.loss or self.task.default_loss, self.task)
@@ -89,7 +89,7 @@ class Trainer:
             outputs=self._train_outputs, accumulate_dtype=tf.float64 if config.precision == "float64" else tf.float32)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
         self.eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(
-            self.dataset_spec, self.data, global_batch_size=config.eval_batch_for(strategy.num_replicas_in_sync))
+            self.dataset_spec, self.builder, global_batch_size=config.eval_batch_for(strategy.num_replicas_in_sync))
         self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
         _, target_spec, _ = self.eval_input_fn(tf.distribute.InputContext()).element_spec
         check_per_example_losses(loss_fn, config.loss or self.task.default_loss, target_spec, self.model.output)
@@ -113,8 +113,8 @@ class Trainer:
 
     def train_input_fn(self):
         """input_fn(InputContext) -> per-replica training batches, positioned at the current step (exact resume)."""
-        return pipeline.make_train_input_fn(self.dataset_spec, self.data, seed=self.config.seed, start_step=self.step,
-                                            global_batch_size=self.config.global_batch_size)
+        return pipeline.make_train_input_fn(self.dataset_spec, self.builder, seed=self.config.seed,
+                                            start_step=self.step, global_batch_size=self.config.global_batch_size)
 
     def train_iterator(self):
         """The training data positioned at the current step: the split on the devices when
@@ -122,7 +122,7 @@ class Trainer:
         else a distributed iterator over the tf.data pipeline."""
         if self.train_data_on_device:
             if self._device_split is None:
-                self._device_split = device_split.DeviceSplit(self.dataset_spec, self.data, self.strategy,
+                self._device_split = device_split.DeviceSplit(self.dataset_spec, self.builder, self.strategy,
                                                               global_batch_size=self.config.global_batch_size,
                                                               seed=self.config.seed)
             return self._device_split

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from common.errors import ConfigError
+from common.registry import lookup
 
 
 @gin.configurable
@@ -40,11 +41,7 @@ LOSS_KINDS = {"softmax_cross_entropy": "classification", "mean_squared_error": "
 def get_loss(name: str, task=None):
     """The loss registered as `name`; with `task`, a ConfigError if the loss is for another kind of task (mean
     squared error on class ids trains to chance without an error; cross-entropy on real targets fails mid-run)."""
-    try:
-        loss = LOSSES[name]
-    except KeyError:
-        raise ConfigError(f"Unknown loss {name!r}. Known losses: {', '.join(sorted(LOSSES))}. Register a new one "
-                          "in training/learning/losses.py.") from None
+    loss = lookup(LOSSES, name, named=f"loss {name!r}", known="losses", where="training/learning/losses.py")
     kind = LOSS_KINDS.get(name)
     if task is not None and kind is not None and kind != task.kind:
         raise ConfigError(f"experiment.loss={name!r} is a {kind} loss; {type(task).__name__} is a {task.kind} task. "

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from common.errors import ConfigError
+from common.registry import lookup
 
 
 class Metric:
@@ -124,10 +125,9 @@ def make_metrics(names, task) -> list[Metric]:
                           "experiment.metrics.")
     metrics = []
     for name in names if names is not None else task.default_metrics:
-        factory = METRICS.get("top_K_accuracy" if re.fullmatch(r"top_\d+_accuracy", name) else name)
-        if factory is None:
-            raise ConfigError(f"Unknown metric {name!r}. Known metrics: {', '.join(sorted(METRICS))} (top_K: e.g. "
-                              "top_5_accuracy). Register a new one in training/learning/metrics.py.")
+        factory = lookup(METRICS, "top_K_accuracy" if re.fullmatch(r"top_\d+_accuracy", name) else name,
+                         named=f"metric {name!r}", known="metrics", note=" (top_K: e.g. top_5_accuracy)",
+                         where="training/learning/metrics.py")
         metrics.append(factory(task, name))
     if len({metric.name for metric in metrics}) != len(metrics):
         raise ConfigError(f"experiment.metrics={list(names)} names a metric twice; list each once.")

@@ -10,6 +10,7 @@ import gin
 import keras
 
 from common.errors import ConfigError
+from common.registry import lookup
 
 
 @gin.configurable
@@ -49,10 +50,10 @@ OPTIMIZERS = {"sgd": sgd, "adam": adam, "adamw": adamw}
 
 def make_optimizer(name: str, *, learning_rate: float, schedule: str, train_steps: int) -> keras.optimizers.Optimizer:
     """The optimizer `name` driven by the learning-rate schedule `schedule`."""
-    for field, value, known in (("optimizer", name, OPTIMIZERS), ("lr_schedule", schedule, SCHEDULES)):
-        if value not in known:
-            example = "adam" if field == "optimizer" else "cosine"
-            raise ConfigError(f"experiment.{field}={value!r} is unknown. Known: {', '.join(sorted(known))}; e.g. "
-                              f"--gin_param=\"experiment.{field}='{example}'\", or register one in "
-                              "training/learning/optimizers.py.")
-    return OPTIMIZERS[name](SCHEDULES[schedule](learning_rate, train_steps))
+    optimizer = lookup(OPTIMIZERS, name, named=f"experiment.optimizer={name!r}", known="optimizers",
+                       where="training/learning/optimizers.py",
+                       hint="; e.g. --gin_param=\"experiment.optimizer='adam'\"")
+    make_schedule = lookup(SCHEDULES, schedule, named=f"experiment.lr_schedule={schedule!r}", known="schedules",
+                           where="training/learning/optimizers.py",
+                           hint="; e.g. --gin_param=\"experiment.lr_schedule='cosine'\"")
+    return optimizer(make_schedule(learning_rate, train_steps))

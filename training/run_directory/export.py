@@ -144,7 +144,8 @@ def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
     """Exports `trainer`'s model with its task's signature to `export_dir`, on the device I/O its strategy needs; a
     storage failure is a StorageError naming the path, the cause and `recovery` (what is intact, what to rerun)."""
     try:
-        examples = first_examples(trainer.task, trainer.data, trainer.dataset_spec.eval_split, max(WARMUP_BATCH_SIZES))
+        examples = first_examples(trainer.task, trainer.builder, trainer.dataset_spec.eval_split,
+                                  max(WARMUP_BATCH_SIZES))
         return export_saved_model(trainer.model, trainer.task, export_dir,
                                   io_device=io_device_for(trainer.strategy, export_dir), examples=examples,
                                   with_tflite=trainer.config.export_tflite)

@@ -79,6 +79,7 @@ class History:
         self._pending: list[dict] = []  # Records not yet written (the storage failed); written with the next one.
         self._rewrite = False  # A failed append may have left half a line: the next write rewrites the file.
         self.best: dict | None = None  # {"step", "metric", "mode", "value"}
+        self.new_best = False  # Whether the last recorded evaluation was a new best.
 
     def resume(self, step: int, *, rewrite: bool = True) -> None:
         """Drops records past `step` (and damaged lines; in the file only when `rewrite`), then reloads the best
@@ -148,10 +149,10 @@ class History:
                                "written. The checkpoints are intact: rerun the same command once the storage is back.")
 
     def record_eval(self, step: int, metrics: dict, seconds: float) -> bool:
-        """Records an evaluation; returns whether it is a new best by the chosen metric."""
-        if not self.record("eval", step, metrics, seconds=round(seconds, 3)):
-            return False
-        return self._consider(step, metrics)
+        """Records an evaluation; returns whether it is a new best by the chosen metric (also kept as `new_best`,
+        for the best-keeping observer)."""
+        self.new_best = self.record("eval", step, metrics, seconds=round(seconds, 3)) and self._consider(step, metrics)
+        return self.new_best
 
     def _consider(self, step: int, metrics: dict) -> bool:
         value = metrics.get(self.metric_name)

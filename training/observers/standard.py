@@ -1,0 +1,209 @@
+"""The observers every run has, the registry of observers by name, and how a Controller gets its list.
+
+A run's observers are DEFAULT_OBSERVERS, then the names in `experiment.observers` (yours, registered in OBSERVERS:
+docs/make_it_yours.md, "Watch it your way"), in that order. Order matters where one observer acts on what another
+decided: the finite guard runs first (nothing is printed or recorded of a non-finite loop), best-keeping after the
+history that ranks evaluations.
+"""
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from common.errors import NonFiniteLossError
+from common.registry import lookup
+from training.observers.base import Evaluation, Observer, TrainLoop
+from training.observers.health import DivergenceMonitor, make_finite_check, non_finite_names
+from training.observers.profiling import Profiler, start_server
+from training.observers.progress import Progress
+from training.observers.summaries import Summaries
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunParts:
+    """What observers may use, built by the Controller: the Trainer, the run directory and its records."""
+
+    trainer: object  # training.trainer.Trainer
+    run_dir: object  # training.run_directory.layout.RunDirectory
+    store: object  # training.run_directory.checkpoints.CheckpointStore: the rotating checkpoints
+    history: object  # training.run_directory.history.History: metrics.jsonl and the best evaluation so far
+    best: object | None  # training.run_directory.best.BestKeeper, when BEST_METRIC is set
+    any_worker: Callable[[bool], bool]  # True on every worker if it is True on any (a collective in multi-worker)
+    model_settings: dict  # {'cnn.filters': (32, 64), ...} as gin bound them, for TensorBoard's hparams
+    may_write: Callable[[], bool]  # Whether the run may still write model_dir (lock held, storage answering)
+
+    @property
+    def config(self):
+        return self.trainer.config
+
+
+class FiniteGuard(Observer):
+    """Stops the run (exit 4) after a loop whose loss, weights or optimizer state are not finite, naming the newest
+    finite checkpoint; nothing non-finite is ever saved. Warns when the loss diverges."""
+
+    def __init__(self, parts: RunParts):
+        self._variables = [*parts.trainer.model.variables, *parts.trainer.optimizer.variables]
+        self._all_finite = make_finite_check(self._variables)
+        self._divergence = DivergenceMonitor()
+        self._store = parts.store
+
+    def after_loop(self, loop: TrainLoop) -> None:
+        loss, step = loop.metrics["loss"], loop.step
+        if not math.isfinite(loss) or not self._all_finite():
+            what = f"Loss became {loss}" if not math.isfinite(loss) else \
+                f"Weights or optimizer state became non-finite ({', '.join(non_finite_names(self._variables))})"
+            newest, _ = self._store.newest_intact()  # Intact means finite, too.
+            resume = (f"The newest finite checkpoint is {newest}. Lower LEARNING_RATE or set "
+                      "experiment.clip_global_norm, then rerun to resume from it." if newest else
+                      "No checkpoint was written yet. Lower LEARNING_RATE or set experiment.clip_global_norm, then "
+                      "rerun: it starts from step 0.")
+            raise NonFiniteLossError(f"{what} between steps {step - loop.num_steps} and {step}; nothing was saved "
+                                     f"since. {resume}")
+        self._divergence.observe(step, loss)
+
+
+class ProgressLines(Observer):
+    """A line per loop (steps/s, examples/s, elapsed, ETA) and a table per evaluation (progress.py)."""
+
+    chief_only = True
+
+    def __init__(self, parts: RunParts):
+        self.progress = Progress(parts.config.train_steps, parts.config.global_batch_size)
+
+    def running(self, step: int):
+        return self.progress.active(step)
+
+    def before_loop(self, step: int, num_steps: int) -> None:
+        self.progress.loop_starting(step, num_steps)
+
+    def after_loop(self, loop: TrainLoop) -> None:
+        self.progress.loop_done(loop.step, loop.num_steps, loop.seconds, loop.metrics, loop.learning_rate)
+
+    def after_evaluation(self, evaluation: Evaluation) -> None:
+        self.progress.show_eval(evaluation.step, evaluation.metrics, evaluation.seconds)
+
+
+class TensorBoard(Observer):
+    """TensorBoard events (training/observers/summaries.py): the run's config and hparams once, input images at step
+    0, train/ scalars per loop, eval/ scalars per recorded evaluation; flushed when training ends, however it ends."""
+
+    chief_only = True
+
+    def __init__(self, parts: RunParts):
+        self.parts = parts
+        self.summaries = Summaries(parts.run_dir)
+
+    def running(self, step: int):
+        return _finally(self.summaries.flush)
+
+    def loops_start(self, step: int) -> None:
+        run_dir, trainer = self.parts.run_dir, self.parts.trainer
+        path = run_dir.path("operative_config.gin")
+        if tf.io.gfile.exists(path):
+            with tf.io.gfile.GFile(path) as handle:
+                self.summaries.config_text(step, handle.read())
+        self.summaries.hparams(step, {**dataclasses.asdict(trainer.config), **self.parts.model_settings},
+                               ["loss", *(metric.name for metric in trainer.eval_metrics)])
+        if step == 0:
+            self.summaries.input_images(0, trainer.task, trainer.builder, trainer.dataset_spec.eval_split)
+
+    def after_loop(self, loop: TrainLoop) -> None:
+        self.summaries.scalars("train", loop.step, loop.scalars)
+
+    def record_evaluation(self, evaluation: Evaluation) -> None:
+        self.summaries.scalars("eval", evaluation.step, evaluation.metrics)
+
+
+class Profiling(Observer):
+    """The PROFILE_STEPS trace and the PROFILER_PORT server (training/observers/profiling.py)."""
+
+    chief_only = True
+
+    def __init__(self, parts: RunParts):
+        self.profiler = Profiler(parts.config.profile_steps, parts.run_dir.model_dir, may_write=parts.may_write)
+        self.port = parts.config.profiler_port
+
+    def loops_start(self, step: int) -> None:
+        start_server(self.port)
+
+    def before_loop(self, step: int, num_steps: int) -> None:
+        self.profiler.before_loop(step, num_steps)
+
+    def after_loop(self, loop: TrainLoop) -> None:
+        self.profiler.after_loop(loop.step)
+
+    def loops_end(self) -> None:
+        self.profiler.stop()  # Also when training stops inside PROFILE_STEPS: the trace is written.
+
+
+class HistoryRecords(Observer):
+    """metrics.jsonl: a record per loop and per recorded evaluation (training/run_directory/history.py), which also
+    ranks evaluations by BEST_METRIC."""
+
+    def __init__(self, parts: RunParts):
+        self.history = parts.history
+
+    def after_loop(self, loop: TrainLoop) -> None:
+        self.history.record("train", loop.step, loop.scalars, seconds=round(loop.seconds, 4))
+
+    def record_evaluation(self, evaluation: Evaluation) -> None:
+        self.history.record_eval(evaluation.step, evaluation.metrics, evaluation.seconds)
+
+
+class BestKeeping(Observer):
+    """With BEST_METRIC: checkpoints and exports a new best evaluation to best/ and export/best/. The chief's history
+    decides for every worker (they all save, or none does: saving is collective)."""
+
+    def __init__(self, parts: RunParts):
+        self.parts = parts
+
+    def record_evaluation(self, evaluation: Evaluation) -> None:
+        parts = self.parts
+        chief = parts.run_dir.is_chief
+        if parts.any_worker(parts.history.new_best and chief):
+            parts.best.keep(parts.history.best if chief else {"step": evaluation.step})
+
+
+# Observers by name (`experiment.observers`): a class taking RunParts, or a function of RunParts that returns an
+# Observer, or None when it does not apply to this run.
+OBSERVERS: dict[str, Callable[[RunParts], Observer | None]] = {
+    "finite_guard": FiniteGuard,
+    "profiling": Profiling,
+    "progress": ProgressLines,
+    "tensorboard": TensorBoard,
+    "history": HistoryRecords,
+    "best": lambda parts: BestKeeping(parts) if parts.best is not None else None,
+}
+DEFAULT_OBSERVERS = ("finite_guard", "profiling", "progress", "tensorboard", "history", "best")
+
+
+def make_observers(parts: RunParts, extra: tuple[str, ...] = ()) -> list[Observer]:
+    """DEFAULT_OBSERVERS then `extra` (experiment.observers), built for this run; chief-only ones on the chief only.
+    An unknown name is a ConfigError listing the known ones."""
+    observers = []
+    for name in (*DEFAULT_OBSERVERS, *extra):
+        factory = lookup(OBSERVERS, name, named=f"experiment.observers entry {name!r}", known="observers",
+                         where="training/observers/standard.py (OBSERVERS)")
+        observer = factory(parts)
+        if observer is not None and (parts.run_dir.is_chief or not observer.chief_only):
+            observers.append(observer)
+    return observers
+
+
+class _finally:
+    """A context manager that calls `action` on exit, however the body ends."""
+
+    def __init__(self, action):
+        self.action = action
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.action()
+        return False
