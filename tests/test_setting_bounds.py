@@ -82,6 +82,11 @@ def test_an_empty_data_dir_is_refused(data_dir):
     assert config(data_dir=None).data_dir is None  # TFDS's default directory.
 
 
+def test_a_data_dir_that_is_not_a_string_is_refused():
+    with pytest.raises(ConfigError, match=r"DATA_DIR=5 must be a directory \(a string\) or None"):
+        config(data_dir=5)
+
+
 @pytest.mark.parametrize("name, value", [("sgd.momentum", 5.0), ("sgd.momentum", 1.0), ("sgd.momentum", -0.1),
                                          ("adam.beta_1", 1.0), ("adam.beta_2", 1.5), ("adamw.beta_1", -1)])
 def test_decay_rates_must_be_in_0_1(name, value):

@@ -106,7 +106,10 @@ class ExperimentConfig:
             raise ConfigError(f"TRAIN_STEPS={self.train_steps} x GLOBAL_BATCH_SIZE={self.global_batch_size} examples "
                               "is more than the training stream's 2**62 positions; use fewer steps, e.g. "
                               f"{how_to_set('train_steps', MAX_EXAMPLES // self.global_batch_size)}.")
-        if self.data_dir is not None and not (isinstance(self.data_dir, str) and self.data_dir.strip()):
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ConfigError(f"DATA_DIR={self.data_dir!r} must be a directory (a string) or None for TFDS's default; "
+                              f"e.g. {how_to_set('data_dir', '/data/tensorflow_datasets')}.")
+        if self.data_dir is not None and not self.data_dir.strip():
             raise ConfigError(f"DATA_DIR={self.data_dir!r} is empty (an unset variable in a script?): TFDS would "
                               "build the data in the current directory. Set a directory, e.g. "
                               f"{how_to_set('data_dir', '/data/tensorflow_datasets')}, or None for TFDS's default.")
