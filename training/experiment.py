@@ -20,6 +20,7 @@ from training import preflight as preflight_module
 from training import run_lock, stop_signals
 from training.config import ExperimentConfig
 from training.controller import Controller
+from training.profiling import check_port_free
 from training.run_directory import RunDirectory
 from training.storage_guard import StorageGuard
 from training.trainer import Trainer
@@ -52,6 +53,8 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
                     strategy.num_replicas_in_sync)
     run_dir = RunDirectory(model_dir, is_chief=is_chief(strategy),
                            guard=StorageGuard(timeout_seconds=config.storage_timeout_seconds))
+    if mode == "train" and run_dir.is_chief:  # Taken now: refused before the data and the model are built.
+        check_port_free(config.profiler_port)
     with _lock_for(mode, run_dir) as writable:
         try:
             stop_signals.stop_if_requested("before training started")
