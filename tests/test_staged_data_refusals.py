@@ -3,12 +3,19 @@ file or value and the fix, nothing written), and a resume refused on other stage
 trained on (data/own_fingerprint.py's fingerprint in run_identity.json).
 """
 
+import json
 import os
+import shutil
 
 import numpy as np
+import tensorflow as tf
 
 from data import stage
-from helpers import write_class_images
+from helpers import run_module, run_train_py, write_class_images
+
+TINY = ["--gin_file=configs/experiments/breast_cancer_mlp.gin", "--gin_param=STEPS_PER_LOOP=10",
+        "--gin_param=EVAL_EVERY=0", "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=GLOBAL_BATCH_SIZE=16",
+        "--gin_param=cosine.warmup_steps=2", "--gin_param=experiment.metrics=['accuracy']"]
 
 
 def _write_npz(path, train: int = 40, test: int = 10, seed: int = 0, scale: float = 1.0, **replace) -> None:
@@ -95,3 +102,72 @@ def test_what_is_still_staged_sparse_labels_utf8_with_a_byte_order_mark_and_empt
     write_class_images(f"{tmp_path}/images", {"train": 2, "test": 1})
     open(f"{tmp_path}/images/train/notes.txt", "w").close()
     assert stage.main(["--name=images", f"--data_dir={tmp_path}/tfds", f"--from_image_folder={tmp_path}/images"]) == 0
+
+
+def _train(data_dir: str, model_dir: str, steps: int):
+    return run_train_py(*TINY, f"--gin_param=TRAIN_STEPS={steps}", "--gin_param=DATASET='tfds:rows'",
+                        f"--gin_param=DATA_DIR='{data_dir}'", f"--model_dir={model_dir}")
+
+
+def test_a_resume_on_restaged_other_data_is_refused_and_on_the_same_data_resumes(tmp_path):
+    """`data.stage --force` with other data under a run's dataset: the rerun exits 2 naming both fingerprints, their
+    sources and the fix, before training (the checkpoint stays as it was); restaged from the same data, it resumes."""
+    from data.own_fingerprint import digest
+
+    data_dir, model_dir = str(tmp_path / "tfds"), str(tmp_path / "run")
+    _write_npz(tmp_path / "rows.npz")
+    _write_npz(tmp_path / "doubled.npz", scale=2.0)
+    stage_flags = ["--name=rows", f"--data_dir={data_dir}", "--force"]
+    assert run_module("data.stage", *stage_flags, f"--from_npz={tmp_path}/rows.npz").returncode == 0
+    first = _train(data_dir, model_dir, 10)
+    assert first.returncode == 0, first.stderr[-3000:]
+    identity = json.load(open(f"{model_dir}/run_identity.json"))
+    assert identity["DATA_VERSION"] == "rows 1.0.0"
+    staged = identity["DATA_FINGERPRINT"]
+
+    assert run_module("data.stage", *stage_flags, f"--from_npz={tmp_path}/doubled.npz").returncode == 0
+    other = json.load(open(f"{data_dir}/rows/1.0.0/staged_source.json"))
+    checkpoints = sorted(os.listdir(f"{model_dir}/checkpoints"))
+    refused = _train(data_dir, model_dir, 20)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    error = refused.stderr.strip().splitlines()[-1]
+    for word in (f"{model_dir} holds a checkpoint of a run on other data", f"DATASET='tfds:rows' in {data_dir} was "
+                 "staged again from another source", f"the checkpoint's {staged} from --from_npz={tmp_path}/rows.npz, "
+                 f"staged 20", f"now {digest(other)} from --from_npz={tmp_path}/doubled.npz, staged {other['staged']}",
+                 "pass a new --model_dir", "stage the old data again"):
+        assert word in error, (word, error)
+    assert digest(other) != staged
+    assert sorted(os.listdir(f"{model_dir}/checkpoints")) == checkpoints
+    assert json.load(open(f"{model_dir}/run_identity.json")) == identity
+
+    shutil.copy(tmp_path / "rows.npz", tmp_path / "rows_again.npz")  # The same data, staged anew (another path).
+    assert run_module("data.stage", *stage_flags, f"--from_npz={tmp_path}/rows_again.npz").returncode == 0
+    resumed = _train(data_dir, model_dir, 20)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 10." in resumed.stdout + resumed.stderr and "Resumed from" in resumed.stdout + resumed.stderr
+    assert json.load(open(f"{model_dir}/run_identity.json"))["DATA_FINGERPRINT"] == staged
+
+
+def test_a_run_identity_without_a_data_fingerprint_still_resumes_and_builtin_data_records_its_version(tmp_path):
+    """run_identity.json of an older version of the template has no DATA: not compared. A registered dataset records
+    its TFDS name and version (a TFDS upgrade that changes it is refused like other data)."""
+    from common.errors import ConfigError
+    from training.run_identity import check_resume, data_identity
+
+    current = {"DATASET": "tfds:rows", "DATA_VERSION": "rows 1.0.0", "DATA_FINGERPRINT": "0123456789abcdef",
+               "DATA_STAGED": "--from_npz=a.npz, staged x"}
+    check_resume({"DATASET": "tfds:rows"}, current, model_dir="run")
+    check_resume({**current, "DATA_STAGED": "--from_npz=b.npz, staged y"}, current, model_dir="run")
+    for changed in ({"DATA_FINGERPRINT": "fedcba9876543210"}, {"DATA_VERSION": "rows 2.0.0"}):
+        try:
+            check_resume({**current, **changed}, current, model_dir="run")
+        except ConfigError as error:
+            assert all(value in str(error) for value in (*changed.values(), current[next(iter(changed))])), error
+        else:
+            raise AssertionError(f"resumed on other data: {changed}")
+
+    class Builtin:
+        name, version, data_dir = "sklearn_digits", "1.0.0", str(tmp_path)
+
+    assert data_identity(Builtin()) == {"DATA_VERSION": "sklearn_digits 1.0.0"}
+    assert not tf.io.gfile.exists(os.path.join(tmp_path, "staged_source.json"))
