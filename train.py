@@ -79,6 +79,9 @@ def _main(argv: list[str]) -> int:
     gin_files = args.gin_file or [DEFAULT_GIN_FILE]
     model_dir = args.model_dir or os.path.join("runs", experiment_name(gin_files))
     try:
+        if args.model_dir is not None and not args.model_dir.strip():
+            raise ConfigError(f"--model_dir={args.model_dir!r} is empty (an unset variable in a script?); pass a run "
+                              f"directory, e.g. --model_dir=runs/mine, or leave the flag out for {model_dir}.")
         config_files.parse(gin_files, args.gin_param, search_path=REPO_ROOT)
         from training import experiment
 

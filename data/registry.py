@@ -8,8 +8,6 @@ task, so training and serving see the same inputs.
 
 import dataclasses
 
-import tensorflow_datasets as tfds
-
 from common.errors import ConfigError
 from common.registry import lookup
 from data import imagenet
@@ -111,15 +109,6 @@ def _check_stored_data(task: Task, features, *, dataset: str, tfds_name: str) ->
         if None not in stored and stored != tuple(expected):
             raise ConfigError(f"{where} expects {key!r} of shape {tuple(expected)}, but {tfds_name!r} stores shape "
                               f"{stored}. {fix}")
-    if task.kind != "classification" or not task.targets_are_stored_labels:
-        return
-    label = features[task.label_key]
-    if isinstance(label, tfds.features.ClassLabel):
-        if label.num_classes != task.output_size:
-            raise ConfigError(f"{where} has {task.output_size} classes, but {tfds_name!r} labels {task.label_key!r} "
-                              f"with {label.num_classes} ({', '.join(label.names[:5])}"
-                              f"{', ...' if label.num_classes > 5 else ''}). {fix}")
-    elif not label.tf_dtype.is_integer:
-        raise ConfigError(f"{where} is a classification task, but {tfds_name!r} stores {task.label_key!r} as "
-                          f"{label.tf_dtype.name}, not class ids. Use a regression task for real-valued "
-                          f"targets (tasks/tabular.py TabularRegression). {fix}")
+    problem = task.stored_data_problem(features, tfds_name)
+    if problem:
+        raise ConfigError(f"{where} {problem}. {fix}")

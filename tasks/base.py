@@ -27,14 +27,13 @@ class Task:
     """Base class: subclasses are frozen dataclasses whose fields are the task's settings."""
 
     label_key: str = "label"
-    # Per-example loss by name (training/learning/losses.py) and metrics by name (training/learning/metrics.py) used
-    # when the config names none.
-    default_loss = "softmax_cross_entropy"
-    default_metrics = ("accuracy",)
-    kind = "classification"  # 'classification' (integer labels, logits) or 'regression' (float targets).
-    # Classification: the target is the stored label as is, so its ClassLabel must have `output_size` classes
-    # (checked before training). False for a task that maps the stored labels to other classes.
-    targets_are_stored_labels = True
+    # What a kind of task has in common is set by its base class (ClassificationTask, RegressionTask below): its
+    # kind (what losses and metrics check they fit), the per-example loss by name (training/learning/losses.py) and
+    # the metrics by name (training/learning/metrics.py) used when the config names none. A new kind of task is one
+    # more such base class.
+    kind = ""
+    default_loss = ""
+    default_metrics = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -51,6 +50,12 @@ class Task:
     def model_options(self) -> dict:
         """Keyword arguments the task adds to the model builder's call (e.g. a text task's vocabulary size)."""
         return {}
+
+    def stored_data_problem(self, features: tfds.features.FeaturesDict, tfds_name: str) -> str | None:
+        """What in the dataset's metadata contradicts this task's settings (e.g. its number of classes), as a
+        phrase for the error data/registry.py bind_task raises before anything is built; None = nothing."""
+        del features, tfds_name
+        return None
 
     def stored_shapes(self) -> dict[str, tuple[int, ...]]:
         """{feature key: the shape this task expects the dataset to store it in}, checked against the dataset's
@@ -103,6 +108,39 @@ class Task:
         """What a reader of the export needs beside the signature (JSON values): the task, its kind and, per task,
         class names or feature names. Written to the export's assets.extra/serving_metadata.json."""
         return {"task": type(self).__name__, "kind": self.kind}
+
+
+class ClassificationTask(Task):
+    """A task whose target is a class id and whose model outputs logits, one per class."""
+
+    kind = "classification"
+    default_loss = "softmax_cross_entropy"
+    default_metrics = ("accuracy",)
+    # The target is the stored label as is, so its ClassLabel must have `output_size` classes (checked before
+    # training). False for a task that maps the stored labels to other classes.
+    targets_are_stored_labels = True
+
+    def stored_data_problem(self, features, tfds_name):
+        if not self.targets_are_stored_labels:
+            return None
+        label = features[self.label_key]
+        if isinstance(label, tfds.features.ClassLabel):
+            if label.num_classes != self.output_size:
+                return (f"has {self.output_size} classes, but {tfds_name!r} labels {self.label_key!r} with "
+                        f"{label.num_classes} ({', '.join(label.names[:5])}{', ...' if label.num_classes > 5 else ''})")
+        elif not label.tf_dtype.is_integer:
+            return (f"is a classification task, but {tfds_name!r} stores {self.label_key!r} as "
+                    f"{label.tf_dtype.name}, not class ids. Use a regression task for real-valued targets "
+                    "(tasks/tabular.py TabularRegression)")
+        return None
+
+
+class RegressionTask(Task):
+    """A task whose target is one real number per example; the model's first output is the prediction."""
+
+    kind = "regression"
+    default_loss = "mean_squared_error"
+    default_metrics = ("mean_absolute_error", "mean_squared_error")
 
 
 def classification_outputs(logits: tf.Tensor, class_names: tuple[str, ...] | None) -> dict:

@@ -7,11 +7,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tasks.base import Task, classification_outputs, label_names
+from tasks.base import ClassificationTask, classification_outputs, label_names
 
 
 @dataclasses.dataclass(frozen=True)
-class ImageClassification(Task):
+class ImageClassification(ClassificationTask):
     """Raw pixels -> /max_pixel_value -> standardised per channel; optional stateless augmentation."""
 
     num_classes: int = 0

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tasks.base import Task, classification_outputs, label_names
+from tasks.base import ClassificationTask, RegressionTask, Task, classification_outputs, label_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class _Tabular(Task):
 
 
 @dataclasses.dataclass(frozen=True)
-class TabularClassification(_Tabular):
+class TabularClassification(_Tabular, ClassificationTask):
     num_classes: int = 2
     class_names: tuple[str, ...] | None = None
 
@@ -100,12 +100,9 @@ class TabularClassification(_Tabular):
 
 
 @dataclasses.dataclass(frozen=True)
-class TabularRegression(_Tabular):
+class TabularRegression(_Tabular, RegressionTask):
     """One float target per example; the model outputs one number (its logits layer has 1 unit)."""
 
-    default_loss = "mean_squared_error"
-    default_metrics = ("mean_absolute_error", "mean_squared_error")
-    kind = "regression"
 
     @property
     def output_size(self) -> int:

@@ -22,7 +22,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from tasks.base import Task, classification_outputs, label_names
+from tasks.base import ClassificationTask, classification_outputs, label_names
 
 PADDING_ID, OOV_ID = 0, 1
 _FINGERPRINT_BUCKETS = 2 ** 63 - 1
@@ -39,7 +39,7 @@ def fingerprints(words) -> tf.Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class TextClassification(Task):
+class TextClassification(ClassificationTask):
     num_classes: int = 2
     sequence_length: int = 32  # Token ids per example, after truncation or padding.
     max_tokens: int = 1000  # Vocabulary size the model embeds: padding, OOV and up to max_tokens - 2 words.

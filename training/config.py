@@ -19,7 +19,16 @@ MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "datase
                           "precision", "seed", "best_metric", "best_mode", "profile_steps", "profiler_port"})
 # A sensible value per integer field without a default, for the "e.g." of an error.
 _INT_EXAMPLES = {"global_batch_size": 128, "train_steps": 1000, "steps_per_loop": 100, "checkpoint_every": 1000,
-                 "eval_every": 1000, "eval_batch_size": 128}
+                 "eval_every": 1000, "eval_batch_size": 128, "profiler_port": 6009}
+
+# Step settings are at most 2**31 - 1: the on-device loop counts a loop's steps, and evaluation its batches, in int32
+# (training/trainer.py, tpu_utils/loop.py); a larger count overflows into negative steps.
+MAX_STEPS = 2 ** 31 - 1
+# The training stream's positions (step * GLOBAL_BATCH_SIZE + index, int64) end at 2**62 (data/pipeline.py).
+MAX_EXAMPLES = 2 ** 62
+# keras.utils.set_random_seed seeds NumPy's legacy generator with SEED, which takes 0 .. 2**32 - 1 only.
+MAX_SEED = 2 ** 32 - 1
+MAX_PORT = 65535
 
 # float64: the replica-invariance check's precision (exact math to ~1e-15); on CPUs only, slow elsewhere.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "float64")
@@ -88,12 +97,28 @@ class ExperimentConfig:
             raise ConfigError(f"BEST_METRIC={self.best_metric!r} must name an evaluation metric, e.g. "
                               f"{how_to_set('best_metric', 'eval/accuracy')} or 'eval/loss'.")
         object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
-        for name in ("global_batch_size", "train_steps", "steps_per_loop", "checkpoints_to_keep",
-                     "startup_timeout_seconds", "storage_timeout_seconds"):
+        for name in ("global_batch_size", "checkpoints_to_keep", "startup_timeout_seconds",
+                     "storage_timeout_seconds"):
             _require_int(name, getattr(self, name), minimum=1)
-        for name in ("checkpoint_every", "eval_every", "virtual_devices", "target_replicas"):
+        for name in ("virtual_devices", "target_replicas"):
             _require_int(name, getattr(self, name), minimum=0)
-        _require_int("seed", self.seed, minimum=0)
+        for name, minimum in (("train_steps", 1), ("steps_per_loop", 1), ("checkpoint_every", 0), ("eval_every", 0)):
+            _require_int(name, getattr(self, name), minimum=minimum, maximum=MAX_STEPS,
+                         why="2**31 - 1: step counts are int32 on the device")
+        _require_int("seed", self.seed, minimum=0, maximum=MAX_SEED, why="2**32 - 1: NumPy's seed range")
+        _require_int("profiler_port", self.profiler_port, minimum=0, maximum=MAX_PORT,
+                     why="the largest TCP port; 0 = off")
+        if self.train_steps * self.global_batch_size > MAX_EXAMPLES:
+            raise ConfigError(f"TRAIN_STEPS={self.train_steps} x GLOBAL_BATCH_SIZE={self.global_batch_size} examples "
+                              "is more than the training stream's 2**62 positions; use fewer steps, e.g. "
+                              f"{how_to_set('train_steps', MAX_EXAMPLES // self.global_batch_size)}.")
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise ConfigError(f"DATA_DIR={self.data_dir!r} must be a directory (a string) or None for TFDS's default; "
+                              f"e.g. {how_to_set('data_dir', '/data/tensorflow_datasets')}.")
+        if self.data_dir is not None and not self.data_dir.strip():
+            raise ConfigError(f"DATA_DIR={self.data_dir!r} is empty (an unset variable in a script?): TFDS would "
+                              "build the data in the current directory. Set a directory, e.g. "
+                              f"{how_to_set('data_dir', '/data/tensorflow_datasets')}, or None for TFDS's default.")
         if self.eval_batch_size is not None:
             _require_int("eval_batch_size", self.eval_batch_size, minimum=1)
         for name in ("checkpoint_every", "eval_every"):
@@ -146,11 +171,6 @@ class ExperimentConfig:
         metric = self.best_metric or "eval/loss"
         return metric, resolve_best_mode(metric, self.best_mode if self.best_metric else "auto")
 
-    def identity(self) -> dict:
-        """Settings a resumed run must share with the run that wrote the checkpoint (data order and weights)."""
-        return {"GLOBAL_BATCH_SIZE": self.global_batch_size, "SEED": self.seed, "MODEL": self.model,
-                "DATASET": self.dataset}
-
 
 def setting(field: str) -> str:
     """How a user sets `field`: its macro (configs/base.gin) if it has one, else experiment.<field>."""
@@ -170,12 +190,16 @@ def resolve_best_mode(metric: str, mode: str) -> str:
     return "min" if any(word in metric for word in ("loss", "error")) else "max"
 
 
-def _require_int(name: str, value, *, minimum: int) -> None:
+def _require_int(name: str, value, *, minimum: int, maximum: int | None = None, why: str = "") -> None:
+    """A ConfigError unless `value` is an int (not a bool) in [minimum, maximum]; `why` explains the maximum."""
+    default = next(field.default for field in dataclasses.fields(ExperimentConfig) if field.name == name)
+    example = default if isinstance(default, int) and default >= minimum else _INT_EXAMPLES.get(name, minimum)
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        default = next(field.default for field in dataclasses.fields(ExperimentConfig) if field.name == name)
-        example = default if isinstance(default, int) and default >= minimum else _INT_EXAMPLES.get(name, minimum)
         raise ConfigError(f"{setting(name)}={value!r} must be an integer >= {minimum}; e.g. "
                           f"{how_to_set(name, example)}.")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{setting(name)}={value!r} is above the limit {maximum} ({why}); e.g. "
+                          f"{how_to_set(name, _INT_EXAMPLES.get(name, example))}.")
 
 
 def check_profile_steps(profile_steps) -> tuple[int, int] | None:
@@ -184,7 +208,7 @@ def check_profile_steps(profile_steps) -> tuple[int, int] | None:
         return None
     if not isinstance(profile_steps, (tuple, list)) or len(profile_steps) != 2 or \
             not all(isinstance(value, int) and not isinstance(value, bool) for value in profile_steps) or \
-            not 0 <= profile_steps[0] < profile_steps[1]:
-        raise ConfigError(f"PROFILE_STEPS={profile_steps!r} must be (start, stop) with 0 <= start < stop, e.g. "
-                          "--gin_param=\"PROFILE_STEPS=(200, 300)\", or None.")
+            not 0 <= profile_steps[0] < profile_steps[1] <= MAX_STEPS:
+        raise ConfigError(f"PROFILE_STEPS={profile_steps!r} must be (start, stop) with 0 <= start < stop <= "
+                          f"{MAX_STEPS} (2**31 - 1), e.g. --gin_param=\"PROFILE_STEPS=(200, 300)\", or None.")
     return tuple(profile_steps)

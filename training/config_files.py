@@ -68,7 +68,7 @@ _INCLUDE = re.compile(r"""^\s*include\s+['"]([^'"]+)['"]""", re.MULTILINE)
 
 def _check_includes(files: list[str], bindings: list[str], search_path: str) -> None:
     """A ConfigError naming the first `include` (in the files, recursively, or the bindings) that does not exist."""
-    pending = [(path, open(path).read()) for path in files] + [("--gin_param", "\n".join(bindings))]
+    pending = [(path, read_gin_text(path)) for path in files] + [("--gin_param", "\n".join(bindings))]
     seen = set()
     while pending:
         source, text = pending.pop()
@@ -81,7 +81,24 @@ def _check_includes(files: list[str], bindings: list[str], search_path: str) -> 
                                   f"directory and from {search_path}). Fix the path; configs live under configs/.")
             if os.path.abspath(found) not in seen:
                 seen.add(os.path.abspath(found))
-                pending.append((found, open(found).read()))
+                pending.append((found, read_gin_text(found, included_by=source)))
+
+
+def read_gin_text(path: str, *, included_by: str | None = None) -> str:
+    """The text of gin file `path`; a ConfigError naming it if it is not UTF-8 text (a binary file, a file saved in
+    another encoding, or a file with NUL bytes): gin would fail on it with a decoding traceback."""
+    with open(path, "rb") as file:
+        data = file.read()
+    where = f"{path} (included by {included_by})" if included_by else f"--gin_file={path!r}"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{where} is not UTF-8 gin text (byte {error.start} is {data[error.start]:#04x}): pass a "
+                          "gin config file, e.g. configs/experiments/digits_mlp.gin, or save it as UTF-8.") from None
+    if "\x00" in text:
+        raise ConfigError(f"{where} is not gin text (it holds NUL bytes, at byte {data.index(0)}: a binary file?): "
+                          "pass a gin config file, e.g. configs/experiments/digits_mlp.gin.")
+    return text
 
 
 def _check_macros_used() -> None:

@@ -50,7 +50,8 @@ class Controller:
         self.trainer = trainer
         self.run_dir = run_dir
         self.config = trainer.config
-        self.identity = run_identity.run_identity(self.config, model_settings)
+        self.identity = run_identity.run_identity(self.config, model_settings,
+                                                  data=run_identity.data_identity(trainer.builder))
         # Non-chief workers save to a temporary folder (they must save too) and resume from the chief's checkpoints.
         self.store = CheckpointStore(trainer.checkpoint, read_dir=run_dir.checkpoint_dir,
                                      write_dir=run_dir.checkpoint_write_dir, keep=self.config.checkpoints_to_keep,
@@ -110,7 +111,8 @@ class Controller:
         previous = self.run_dir.read_json("run_identity.json")
         self.run_dir.read_json("metrics.json")  # A corrupt one is exit 2 now, not after training.
         if latest:
-            run_identity.check_resume(previous, self.identity, model_dir=self.run_dir.model_dir)
+            run_identity.check_resume(previous, self.identity, model_dir=self.run_dir.model_dir,
+                                      data_dir=self.config.data_dir)
             try:
                 self.trainer.restore(latest)
             except (ValueError, AssertionError, tf.errors.OpError) as error:  # Shapes or dtypes do not fit.

@@ -20,6 +20,7 @@ from training import preflight as preflight_module
 from training import stop_signals
 from training.config import ExperimentConfig
 from training.controller import Controller
+from training.observers.profiling import check_port_free
 from training.run_directory import lock as run_lock
 from training.run_directory.layout import RunDirectory
 from training.run_directory.storage_guard import StorageGuard
@@ -53,6 +54,8 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
                     strategy.num_replicas_in_sync)
     run_dir = RunDirectory(model_dir, is_chief=is_chief(strategy),
                            guard=StorageGuard(timeout_seconds=config.storage_timeout_seconds))
+    if mode == "train" and run_dir.is_chief:  # Taken now: refused before the data and the model are built.
+        check_port_free(config.profiler_port)
     with _lock_for(mode, run_dir) as writable:
         try:
             stop_signals.stop_if_requested("before training started")

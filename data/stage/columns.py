@@ -10,6 +10,9 @@ import numpy as np
 
 from common.errors import ConfigError
 
+# Integer labels stage as the classes 0..max; more classes than examples is refused once above this many.
+MIN_REFUSED_CLASSES = 1000
+
 
 def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None):
     """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring."""
@@ -26,6 +29,7 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
         raise ConfigError(f"The splits' inputs have different shapes per example: {shapes}; make them equal.")
     first_inputs = next(iter(splits.values()))[0]
     shape = shapes[next(iter(shapes))]
+    _check_inputs(first_inputs.dtype, shape)
     if first_inputs.dtype == np.uint8 and len(shape) in (2, 3):
         input_key, image_shape = "image", shape if len(shape) == 3 else (*shape, 1)
         input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8)
@@ -44,6 +48,18 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
     if isinstance(label_feature, tfds.features.ClassLabel):
         _check_classes_in_train(staged, label_feature)
     return tfds.features.FeaturesDict({input_key: input_feature, label_key: label_feature}), staged
+
+
+def _check_inputs(dtype: np.dtype, shape: tuple) -> None:
+    """Inputs that would stage but not train: complex numbers (cast to float32 they lose their imaginary part, with
+    only a NumPy warning) and examples with no values (shape (0,): TensorFlow's CPU kernels abort the process)."""
+    if dtype.kind == "c":
+        raise ConfigError(f"The inputs are complex numbers ({dtype}); staging would drop their imaginary part. Split "
+                          "them into real columns first (e.g. np.concatenate([x.real, x.imag], axis=1)).")
+    if 0 in shape:
+        raise ConfigError(f"The inputs have shape {shape} per example: no values to learn from. Give every example at "
+                          "least one feature (a CSV needs a column besides --label; an npz array shape (N, D), D >= "
+                          "1).")
 
 
 def _check_classes_in_train(staged: dict, classes) -> None:
@@ -68,6 +84,9 @@ def _label_feature(split_labels: dict[str, np.ndarray], kind: str, class_names: 
     labels = np.concatenate(list(split_labels.values()))
     if labels.ndim != 1:
         raise ConfigError(f"Labels must be one value per example; got shape {labels.shape[1:]} per example.")
+    if labels.dtype.kind == "c":
+        raise ConfigError(f"The labels are complex numbers ({labels.dtype}); staging would drop their imaginary "
+                          "part. Give class ids (integers) or real numbers (a regression target).")
     if class_names is not None:
         return "label", tfds.features.ClassLabel(names=class_names), lambda values: values.astype(np.int64)
     is_text = labels.dtype.kind in "US"
@@ -84,8 +103,24 @@ def _label_feature(split_labels: dict[str, np.ndarray], kind: str, class_names: 
         raise ConfigError(f"Class labels must be integers >= 0; these are not: {_not_class_ids(split_labels)}. "
                           "Number the classes 0, 1, 2, ... the same way in every split, or pass --label_kind=number "
                           "for a regression target.")
+    _check_class_count(labels)
     return ("label", tfds.features.ClassLabel(num_classes=int(labels.max()) + 1),
             lambda values: values.astype(np.int64))
+
+
+def _check_class_count(labels: np.ndarray) -> None:
+    """Integer labels stage as the classes 0..max: refused when those are more classes than examples (so most
+    classes could have none) and more than MIN_REFUSED_CLASSES: labels such as ids or years, not class numbers
+    (labels up to 2e9 would stage as 2e9 classes and exhaust the memory when training builds its output layer)."""
+    count = int(labels.max()) + 1
+    if count <= max(MIN_REFUSED_CLASSES, len(labels)):
+        return
+    distinct = len(np.unique(labels))
+    raise ConfigError(f"The labels go up to {int(labels.max())}, so they would stage as {count:,} classes (0..max) "
+                      f"for {len(labels):,} examples with {distinct:,} distinct labels; data.stage refuses more "
+                      f"classes than examples (above {MIN_REFUSED_CLASSES:,}). Number the classes 0..{distinct - 1} "
+                      "(e.g. np.unique(labels, return_inverse=True)), or pass --label_kind=number for a regression "
+                      "target.")
 
 
 def _not_class_ids(split_labels: dict[str, np.ndarray]) -> str:

@@ -7,7 +7,9 @@ The fingerprint is the source kind (--from_npz, --from_csv, ...), the flags that
 files; for an image folder (often large, perhaps on gs://) only the names, sizes and modification times of the image
 files, which is cheap but takes a copy of the folder (new modification times) for a different source (--force then
 stages it again). Paths are not compared (the same file, moved, is the same source); they name the sources in
-messages. Everything goes through tf.io.gfile, so DATA_DIR and the sources may be gs://.
+messages, as does the time of staging. A training run records the fingerprint's digest (data/staged_source.py,
+training/run_directory/identity.py) and refuses to resume on data staged from another source. Everything goes
+through tf.io.gfile, so DATA_DIR and the sources may be gs://.
 """
 
 import hashlib
@@ -15,8 +17,8 @@ import json
 
 from common.errors import ConfigError
 from common.storage_paths import join, relative_to
+from data import staged_source
 
-FILE = "staged_source.json"
 # Per source flag, the flags that change what is staged from it.
 SETTINGS = {"from_npz": ("npz_keys", "label_kind"), "from_csv": ("label", "label_kind"),
             "from_tfrecord": ("features", "label", "label_kind"), "from_image_folder": ()}
@@ -45,26 +47,21 @@ def of_source(args) -> dict:
 
 
 def write(version_dir: str, fingerprint: dict) -> None:
+    """Writes `fingerprint` with the time of staging (UTC; it names the staging in messages, not compared)."""
+    import datetime
+
     import tensorflow as tf
 
-    with tf.io.gfile.GFile(join(version_dir, FILE), "w") as handle:
-        handle.write(json.dumps(fingerprint, indent=1, sort_keys=True))
+    staged = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    with tf.io.gfile.GFile(join(version_dir, staged_source.FILE), "w") as handle:
+        handle.write(json.dumps({**fingerprint, "staged": staged}, indent=1, sort_keys=True))
 
 
 def compare(version_dir: str, fingerprint: dict, name: str, data_dir: str) -> bool:
     """True when the dataset in `version_dir` was staged from this source, False when that is unknown (staged before
     fingerprints were kept); a ConfigError naming both sources and the fix when it was staged from another."""
-    import tensorflow as tf
-
-    path = join(version_dir, FILE)
-    if not tf.io.gfile.exists(path):
-        return False
-    try:
-        with tf.io.gfile.GFile(path) as handle:
-            staged = json.loads(handle.read())
-    except ValueError:  # Not JSON (cut short, edited): as if none were kept.
-        return False
-    if not isinstance(staged, dict) or "contents" not in staged:
+    staged = staged_source.read(version_dir)
+    if staged is None:
         return False
     differences = []
     if staged.get("kind") != fingerprint["kind"]:

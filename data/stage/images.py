@@ -38,6 +38,12 @@ def read_image_folder(root: str) -> tuple[dict, list[str]]:
     if len(class_names) < 2:
         raise ConfigError(f"--from_image_folder={root!r} has the classes {class_names}; classification needs at "
                           "least two class sub-folders per split (DIR/train/<class>/).")
+    empty = [join(root, split, name) for split, classes in listing.items() for name, files in classes.items()
+             if not files]
+    if empty:  # Its class would be staged with no examples (or, in an evaluation split, one that is never tested).
+        raise ConfigError(f"--from_image_folder: the class folder {empty[0]} has no {'/'.join(IMAGE_EXTENSIONS)} "
+                          f"images{f' (nor do {len(empty) - 1} more)' if len(empty) > 1 else ''}. Put its images "
+                          "in, or remove the folder.")
     splits, shapes = {}, {}
     for split, classes in listing.items():
         images, labels = [], []

@@ -61,6 +61,9 @@ def read_npz(path: str, keys: str | None) -> dict:
 
     if not tf.io.gfile.exists(path):
         raise ConfigError(f"--from_npz={path!r}: no such file. Pass the path of an .npz file (np.savez).")
+    if tf.io.gfile.isdir(path):
+        raise ConfigError(f"--from_npz={path!r} is a folder, not a file. Pass the path of an .npz file (np.savez) "
+                          "in it.")
     try:
         with tf.io.gfile.GFile(path, "rb") as handle:
             arrays = dict(np.load(io.BytesIO(handle.read()), allow_pickle=False))
@@ -105,11 +108,11 @@ def read_csv(paths: dict[str, str], label: str) -> dict:
     check_splits(paths, "--from_csv")
     splits, header = {}, None
     for split, path in paths.items():
-        if not tf.io.gfile.exists(path):
-            raise ConfigError(f"--from_csv: {split}={path!r}: no such file. Pass an existing CSV path (local or "
-                              "gs://), e.g. --from_csv=train=train.csv,test=test.csv.")
-        with tf.io.gfile.GFile(path, "r") as handle:
-            rows = [row for row in csv.reader(handle) if row]
+        if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+            what = "a folder, not a file" if tf.io.gfile.exists(path) else "no such file"
+            raise ConfigError(f"--from_csv: {split}={path!r}: {what}. Pass an existing CSV path (local or gs://), "
+                              "e.g. --from_csv=train=train.csv,test=test.csv.")
+        rows = _read_csv_rows(path)
         if not rows or label not in rows[0]:
             raise ConfigError(f"--label={label!r} is not a column of {path} (columns: {rows[0] if rows else []}); "
                               "pass --label=<the column to predict>.")
@@ -140,6 +143,28 @@ def read_csv(paths: dict[str, str], label: str) -> dict:
         check_finite(splits[split][0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)
         check_finite(splits[split][1], f"--from_csv: {path}", split, [label], 2)
     return splits
+
+
+def _read_csv_rows(path: str) -> list[list[str]]:
+    """The non-empty rows of the CSV file `path`; a ConfigError for a file that is not UTF-8 text (Latin-1, a
+    spreadsheet's binary format, a compressed file), which Python's csv module would fail on with a traceback."""
+    import tensorflow as tf
+
+    try:
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            text = handle.read().decode("utf-8-sig")  # -sig: Excel's "CSV UTF-8" starts with a byte-order mark.
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"--from_csv: {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset "
+                          f"{error.start}): save it as CSV in UTF-8 (e.g. iconv -f latin1 -t utf-8, or the "
+                          "spreadsheet's 'CSV UTF-8' format).") from None
+    if "\0" in text:
+        raise ConfigError(f"--from_csv: {path} holds NUL bytes, so it is not a text CSV file (a binary or compressed "
+                          "file?): export it as CSV in UTF-8.")
+    try:
+        return [row for row in csv.reader(io.StringIO(text, newline="")) if row]
+    except csv.Error as error:
+        raise ConfigError(f"--from_csv: {path} is not a readable CSV file ({error}): export it as CSV in UTF-8.") \
+            from None
 
 
 def _label_array(labels: list[str]) -> np.ndarray:

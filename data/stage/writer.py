@@ -63,7 +63,12 @@ def read_source(args) -> tuple:
         from data.stage.images import read_image_folder
 
         splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"))
-    return columns(splits, args.label_kind, class_names)
+    try:
+        return columns(splits, args.label_kind, class_names)
+    except ConfigError as error:  # About the arrays read: named by the source they were read from.
+        flag = next(flag for flag in ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
+                    if getattr(args, flag))
+        raise ConfigError(f"--{flag}={getattr(args, flag)}: {error}") from None
 
 
 def store(name: str, data_dir: str, features, splits: dict, *, source: dict, force: bool = False,

@@ -29,18 +29,30 @@ def cosine(learning_rate: float, train_steps: int, *, warmup_steps: int = 0, fin
         alpha=final_fraction, warmup_target=learning_rate if warmup_steps else None, warmup_steps=warmup_steps)
 
 
+def _decay_rate(name: str, value, example: float) -> float:
+    """`value` as a float in [0, 1), else a ConfigError: a decay rate (momentum, beta) of 1 or more makes the moving
+    averages grow without end, and Keras would answer with a traceback (momentum) or train on (betas)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"{name}={value!r} must be a number in [0, 1) (0 <= {name.split('.')[1]} < 1); e.g. "
+                          f"--gin_param=\"{name}={example}\".")
+    return float(value)
+
+
 @gin.configurable
 def sgd(learning_rate, *, momentum: float = 0.0, nesterov: bool = False, weight_decay: float | None = None):
+    momentum = _decay_rate("sgd.momentum", momentum, 0.9)
     return keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
 
 
 @gin.configurable
 def adam(learning_rate, *, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: float = 1e-7):
+    beta_1, beta_2 = _decay_rate("adam.beta_1", beta_1, 0.9), _decay_rate("adam.beta_2", beta_2, 0.999)
     return keras.optimizers.Adam(learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
 
 
 @gin.configurable
 def adamw(learning_rate, *, weight_decay: float = 0.004, beta_1: float = 0.9, beta_2: float = 0.999):
+    beta_1, beta_2 = _decay_rate("adamw.beta_1", beta_1, 0.9), _decay_rate("adamw.beta_2", beta_2, 0.999)
     return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2)
 
 

@@ -7,9 +7,13 @@ model_dir/plugins/profile/<timestamp>/<host>.xplane.pb, where TensorBoard's prof
 also serve on-demand captures (`tf.profiler.experimental.server.start(port)`; docs/watch_a_run.md).
 """
 
+import errno
 import logging
+import socket
 
 import tensorflow as tf
+
+from common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +22,36 @@ def start_server(port: int) -> None:
     """PROFILER_PORT: serves on-demand captures for the whole run (TensorBoard's "Capture profile", or
     `tf.profiler.experimental.client.trace('grpc://HOST:PORT', LOGDIR, duration_ms)`); 0 = off."""
     if port:
+        check_port_free(port)
         tf.profiler.experimental.server.start(port)
         log.info("Profiler server on port %d: capture with TensorBoard's Profile tab (\"Capture profile\", "
                  "localhost:%d) or tf.profiler.experimental.client.trace.", port, port)
+
+
+def check_port_free(port: int) -> None:
+    """A ConfigError if this host cannot serve on `port`: TensorFlow's profiler server binds [::]:PORT (else
+    0.0.0.0:PORT) and, when that fails, only logs it and serves nothing, so a taken port would leave a run that
+    announces a server no one can reach. Binds the same addresses here first (SO_REUSEADDR, as gRPC does, so only
+    a listening socket counts as taken) and lets go. 0 = off: nothing to check."""
+    if not port:
+        return
+    try:
+        probe = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # [::] covers IPv4 too, as gRPC's does.
+        address = ("::", port)
+    except OSError:  # No IPv6 on this host: gRPC falls back to 0.0.0.0.
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        address = ("0.0.0.0", port)
+    with probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            reason = "is taken by another process" if error.errno == errno.EADDRINUSE else \
+                f"cannot be bound ({error.strerror})"
+            raise ConfigError(f"PROFILER_PORT={port} {reason} on this host, so the profiler server could not serve "
+                              f"on it; pick another, e.g. --gin_param=\"PROFILER_PORT={6009 if port != 6009 else 6010}"
+                              "\", or 0 for no server.") from None
 
 
 class Profiler:

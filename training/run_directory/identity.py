@@ -2,23 +2,42 @@
 
 Refused on resume when changed (exit 2, naming the setting and both values): GLOBAL_BATCH_SIZE, SEED, MODEL,
 DATASET (the data order and the weights), PRECISION and experiment.optimizer (the checkpoint's variables and
-their dtypes). The model builder's settings (e.g. `cnn.filters`) are recorded too: they may change on resume when
-the weights still fit (dropout, L2), and when they do not, the failed restore names the changed ones.
+their dtypes), and the data itself (`data_identity`): the dataset's TFDS name and version, and for data staged with
+`python -m data.stage` the digest of its source's fingerprint (data/staged_source.py), so `data.stage --force`
+with other data under a run's dataset is not resumed on. The model builder's settings (e.g. `cnn.filters`) are
+recorded too: they may change on resume when the weights still fit (dropout, L2), and when they do not, the failed
+restore names the changed ones. Keys missing from an older run_identity.json are not compared.
 """
 
 import json
 
 from common.errors import ConfigError
+from data import staged_source
 from training.config import ExperimentConfig
 
-STRICT_KEYS = ("GLOBAL_BATCH_SIZE", "SEED", "MODEL", "DATASET", "PRECISION", "experiment.optimizer")
+STRICT_KEYS = ("GLOBAL_BATCH_SIZE", "SEED", "MODEL", "DATASET", "PRECISION", "experiment.optimizer", "DATA_VERSION")
 
 
-def run_identity(config: ExperimentConfig, model_settings: dict | None = None) -> dict:
-    """The identity of `config` as JSON values; `model_settings` as {'cnn.filters': (32, 64), ...}."""
-    identity = {**config.identity(), "PRECISION": config.precision, "experiment.optimizer": config.optimizer,
-                **(model_settings or {})}
+def run_identity(config: ExperimentConfig, model_settings: dict | None = None, data: dict | None = None) -> dict:
+    """The identity of `config` as JSON values; `model_settings` as {'cnn.filters': (32, 64), ...}; `data` as
+    `data_identity` gives it."""
+    identity = {"GLOBAL_BATCH_SIZE": config.global_batch_size, "SEED": config.seed, "MODEL": config.model,
+                "DATASET": config.dataset, "PRECISION": config.precision, "experiment.optimizer": config.optimizer,
+                **(data or {}), **(model_settings or {})}
     return json.loads(json.dumps(identity))  # Tuples as lists, as they read back from the file.
+
+
+def data_identity(builder) -> dict:
+    """The data a run trains on, from its prepared TFDS `builder`: DATA_VERSION ('NAME VERSION'); for a dataset
+    staged with data.stage also DATA_FINGERPRINT (the digest of its source's fingerprint) and DATA_STAGED (its
+    source and time of staging, for messages only). A staged dataset without a fingerprint (staged by an older
+    data.stage) has no DATA_FINGERPRINT: nothing to compare."""
+    identity = {"DATA_VERSION": f"{builder.name} {builder.version}"}
+    staged = staged_source.read(builder.data_dir)
+    if staged is not None:
+        identity["DATA_FINGERPRINT"] = staged_source.digest(staged)
+        identity["DATA_STAGED"] = f"{staged.get('source')}, staged {staged.get('staged', 'at an unrecorded time')}"
+    return identity
 
 
 def changes(previous: dict, current: dict, keys=None) -> list[str]:
@@ -31,9 +50,20 @@ def changes(previous: dict, current: dict, keys=None) -> list[str]:
             if key in previous and key in current and previous[key] != current[key]]
 
 
-def check_resume(previous: dict | None, current: dict, *, model_dir: str) -> None:
-    """A ConfigError if a setting of STRICT_KEYS differs from the checkpoint's run."""
-    changed = changes(previous or {}, current, STRICT_KEYS)
+def check_resume(previous: dict | None, current: dict, *, model_dir: str, data_dir: str | None = None) -> None:
+    """A ConfigError if a setting of STRICT_KEYS, or the staged data's fingerprint, differs from the checkpoint's
+    run."""
+    previous = previous or {}
+    if changes(previous, current, ["DATA_FINGERPRINT"]) and not changes(previous, current, ["DATASET"]):
+        where = f" in {data_dir}" if data_dir else ""
+        raise ConfigError(f"{model_dir} holds a checkpoint of a run on other data: DATASET={current['DATASET']!r}"
+                          f"{where} was staged again from another source since (the checkpoint's "
+                          f"{previous['DATA_FINGERPRINT']} from {previous.get('DATA_STAGED', 'an unrecorded source')}; "
+                          f"now {current['DATA_FINGERPRINT']} from {current.get('DATA_STAGED')}). Resuming would "
+                          "continue the run on other data: pass a new --model_dir to train on this data from scratch, "
+                          "or stage the old data again (python -m data.stage --force with the checkpoint's source) to "
+                          "resume.")
+    changed = changes(previous, current, STRICT_KEYS)
     if changed:
         raise ConfigError(f"{model_dir} holds a checkpoint of a different run ({', '.join(changed)}). Resuming "
                           "would break the data order or the weights: restore the old values, or pass a new "
