@@ -1,7 +1,7 @@
 # Shortcuts for the commands in README.md and docs/. `make help` lists them.
 PYTHON ?= .venv/bin/python
 
-.PHONY: help install train test test-fast lint check-invariance preflight-tpu train-two-workers
+.PHONY: help install train test test-fast test-core lint check-invariance preflight-tpu train-two-workers
 
 help:  ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -20,6 +20,9 @@ lint:  ## Ruff, as CI runs it.
 
 test-fast:  ## Everything but the tests marked slow.
 	$(PYTHON) -m pytest -m "not slow"
+
+test-core:  ## The core's fast tests: a forker's check after an edit (minutes).
+	$(PYTHON) -m pytest -m core
 
 check-invariance:  ## Replica-invariance check of the default config at 1, 2, 4 and 8 replicas.
 	$(PYTHON) -m tools.replica_invariance --gin_file=configs/default.gin

@@ -55,6 +55,24 @@ def pytest_configure(config):
     configure_virtual_cpus(VIRTUAL_CPUS)
 
 
+# The tests of the core (what every run executes: tests/test_layout.py says which folders): `pytest -m core` runs
+# those not marked slow, a forker's fast check after an edit (docs/testing.md). CI runs every test.
+CORE_TEST_MODULES = frozenset({
+    "test_layout", "test_core_alone", "test_one_step", "test_configs", "test_cli_errors", "test_setting_bounds",
+    "test_input_errors", "test_data_pipeline", "test_device_split", "test_shard_stream", "test_tasks",
+    "test_text_task", "test_evaluation", "test_replica_state", "test_replica_invariance", "test_precision",
+    "test_dropout", "test_strategy", "test_tf_config", "test_finite_guard", "test_resume_and_export",
+    "test_checkpoint_integrity", "test_default_experiment", "test_watch_run", "test_run_lock", "test_tpu_init",
+    "test_tpu_startup", "test_makefile", "test_docs_links",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in CORE_TEST_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.core)
+
+
 def pytest_unconfigure(config):
     if _stub_process is not None:
         _stub_process.terminate()

@@ -23,7 +23,7 @@ def _targets() -> list[str]:
 
 def missing_in(commands: str) -> list[str]:
     """The modules and script paths in `commands` that do not exist in the repository (or installed)."""
-    missing = [module for module in re.findall(r"-m ([\w.]+)", commands)
+    missing = [module for module in re.findall(r"(?<!pytest )-m ([\w.]+)", commands)  # Not pytest's -m MARKER.
                if module not in ("venv", "pytest") and importlib.util.find_spec(module) is None]
     missing += [path for path in re.findall(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.py)\b", commands)
                 if not os.path.exists(os.path.join(REPO_ROOT, path))]
