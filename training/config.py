@@ -16,7 +16,8 @@ from training.run_directory.storage_guard import DEFAULT_TIMEOUT_SECONDS
 # checks this set against base.gin).
 MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "global_batch_size",
                           "train_steps", "steps_per_loop", "checkpoint_every", "eval_every", "learning_rate",
-                          "precision", "seed", "best_metric", "best_mode", "profile_steps", "profiler_port"})
+                          "precision", "seed", "best_metric", "best_mode", "early_stop_patience", "profile_steps",
+                          "profiler_port"})
 # A sensible value per integer field without a default, for the "e.g." of an error.
 _INT_EXAMPLES = {"global_batch_size": 128, "train_steps": 1000, "steps_per_loop": 100, "checkpoint_every": 1000,
                  "eval_every": 1000, "eval_batch_size": 128, "profiler_port": 6009}
@@ -68,6 +69,10 @@ class ExperimentConfig:
     storage_timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
     best_metric: str | None = None  # e.g. 'eval/accuracy': keep and export the best checkpoint by it; None = off.
     best_mode: str = "auto"  # 'max', 'min', or 'auto' (min for losses and errors).
+    # Stop after this many evaluations in a row without BEST_METRIC improving by more than early_stop_min_delta;
+    # 0 = off (training/observers/standard.py EarlyStopping).
+    early_stop_patience: int = 0
+    early_stop_min_delta: float = 0.0
     profile_steps: tuple[int, int] | None = None  # (start, stop): a profiler trace of those steps; None = off.
     profiler_port: int = 0  # A profiler server on this port for on-demand captures (chief only); 0 = off.
     # Keep the train split on the devices and draw batches in the compiled loop (data/device_split.py): 'auto',
@@ -105,6 +110,18 @@ class ExperimentConfig:
         for name, minimum in (("train_steps", 1), ("steps_per_loop", 1), ("checkpoint_every", 0), ("eval_every", 0)):
             _require_int(name, getattr(self, name), minimum=minimum, maximum=MAX_STEPS,
                          why="2**31 - 1: step counts are int32 on the device")
+        _require_int("early_stop_patience", self.early_stop_patience, minimum=0)
+        if self.early_stop_patience:
+            if not self.best_metric:
+                raise ConfigError(f"EARLY_STOP_PATIENCE={self.early_stop_patience} needs BEST_METRIC, the metric that "
+                                  f"must improve; e.g. {how_to_set('best_metric', 'eval/accuracy')}.")
+            if not self.eval_every:
+                raise ConfigError(f"EARLY_STOP_PATIENCE={self.early_stop_patience} needs evaluations during training: "
+                                  f"set EVAL_EVERY, e.g. {how_to_set('eval_every', self.steps_per_loop * 5)}.")
+        if not isinstance(self.early_stop_min_delta, (int, float)) or isinstance(self.early_stop_min_delta, bool) \
+                or not 0 <= self.early_stop_min_delta < math.inf:
+            raise ConfigError(f"experiment.early_stop_min_delta={self.early_stop_min_delta!r} must be a number >= 0; "
+                              f"e.g. {how_to_set('early_stop_min_delta', 0.001)}.")
         _require_int("seed", self.seed, minimum=0, maximum=MAX_SEED, why="2**32 - 1: NumPy's seed range")
         _require_int("profiler_port", self.profiler_port, minimum=0, maximum=MAX_PORT,
                      why="the largest TCP port; 0 = off")

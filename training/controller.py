@@ -66,6 +66,7 @@ class Controller:
         self._any_worker = make_any_worker(trainer.strategy) if is_multi_worker(trainer.strategy) else bool
         self._saved_step = None  # Step of the newest checkpoint this process wrote or restored.
         self._train_metrics = {}  # Of the last training loop; metrics.json's "train" part.
+        self._last_evaluation = None  # The last recorded evaluation's result, {'step', 'train', 'eval'}.
         metric, mode = self.config.best_by()
         self.history = History(run_dir, metric=metric, mode=mode,
                                evaluated=("loss", *(each.name for each in trainer.eval_metrics)))
@@ -143,16 +144,20 @@ class Controller:
     def train_and_evaluate(self) -> dict:
         """Trains from the current step to TRAIN_STEPS; returns the final {'step', 'train', 'eval'} metrics."""
         config, trainer = self.config, self.trainer
+        stopped = self._stop_reason() if trainer.step < config.train_steps else None
         if trainer.step >= config.train_steps:
             log.info("Step %d >= TRAIN_STEPS=%d: nothing to train (raise TRAIN_STEPS to continue).", trainer.step,
                      config.train_steps)
+        elif stopped:
+            log.info("Stopped early at step %d, before this start: %s.", trainer.step, stopped)
         with contextlib.ExitStack() as running:  # Closed also on a stop (exit 3) or a failure (TensorBoard flushes).
             for observer in self.observers:
                 running.enter_context(observer.running(trainer.step))
-            if trainer.step < config.train_steps:
+            if trainer.step < config.train_steps and not stopped:
                 self._train_loops()
             with stop_signals.honoured():
-                final = self.evaluate()
+                last = self._last_evaluation  # An early stop has just evaluated this step.
+                final = last if last and last["step"] == trainer.step else self.evaluate()
                 self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
                 self._save(trainer.step)
                 self.export()
@@ -180,8 +185,20 @@ class Controller:
                     self._stop_if_requested(f"at step {step}")
                     if config.checkpoint_every and step % config.checkpoint_every == 0:
                         self._save(step)
+                    stopped = self._stop_reason()
+                    if stopped:
+                        log.info("Stopped early at step %d: %s.", step, stopped)
+                        break
             finally:
                 self._notify("loops_end")
+
+    def _stop_reason(self) -> str | None:
+        """Why an observer ends training now (early stopping), or None; every worker stops at the same loop."""
+        stoppers = [observer for observer in self.observers if type(observer).stop_reason is not Observer.stop_reason]
+        if not stoppers:  # No collective between workers for runs that cannot stop early.
+            return None
+        reason = next((reason for reason in (observer.stop_reason() for observer in stoppers) if reason), None)
+        return (reason or "another worker's observer ended training") if self._any_worker(bool(reason)) else None
 
     def _train_iterator(self):
         """The training iterator; a ConfigError (before any step) when the train split's files cannot be read."""
@@ -210,7 +227,8 @@ class Controller:
         step, seconds = self.trainer.step, time.perf_counter() - started
         self._notify("after_evaluation", Evaluation(step=step, metrics=evaluation, seconds=seconds))
         if record:
-            return self.record_evaluation(step, evaluation, seconds)
+            self._last_evaluation = self.record_evaluation(step, evaluation, seconds)
+            return self._last_evaluation
         return {"step": step, "train": self._train_metrics, "eval": evaluation}
 
     def record_evaluation(self, step: int, evaluation: dict, seconds: float) -> dict:

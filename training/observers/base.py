@@ -8,7 +8,9 @@ The Controller calls each observer, in list order, at these points (every hook i
 - `before_loop(step, num_steps)`, then `after_loop(TrainLoop)` around each on-device loop of STEPS_PER_LOOP steps;
 - `loops_end()`: after the last loop, also when training stops early or fails;
 - `after_evaluation(Evaluation)`: after every evaluation, recorded or not (--mode=eval on a run it cannot write);
-- `record_evaluation(Evaluation)`: when an evaluation is recorded in the run directory.
+- `record_evaluation(Evaluation)`: when an evaluation is recorded in the run directory;
+- `stop_reason()`: asked before each loop; a non-empty reason ends training there, as if TRAIN_STEPS were reached
+  (the final checkpoint and export follow; exit 0), e.g. early stopping.
 An observer that raises stops the run (the finite guard raises NonFiniteLossError: exit 4). `chief_only` observers
 are made on the chief alone (training/observers/standard.py), so none of them checks which worker it runs on.
 Write one for your own logging (docs/make_it_yours.md, "Watch it your way").
@@ -74,3 +76,6 @@ class Observer:
 
     def record_evaluation(self, evaluation: Evaluation) -> None:
         pass
+
+    def stop_reason(self) -> str | None:
+        return None

@@ -169,6 +169,36 @@ class BestKeeping(Observer):
             parts.best.keep(parts.history.best if chief else {"step": evaluation.step})
 
 
+class EarlyStopping(Observer):
+    """With EARLY_STOP_PATIENCE=N: training ends once the last N evaluations have not improved BEST_METRIC by more
+    than experiment.early_stop_min_delta over the best before them. Read from the run's history, so a rerun of a
+    run that stopped early stops again before training (it does not train on); the best stays in best/ and
+    export/best/ (BEST_METRIC's best-keeping)."""
+
+    def __init__(self, parts: RunParts):
+        config = parts.config
+        self.history, self.patience, self.min_delta = parts.history, config.early_stop_patience, \
+            config.early_stop_min_delta
+        self.metric, self.mode = config.best_by()
+
+    def stop_reason(self) -> str | None:
+        best = best_step = None
+        stale = 0
+        for step, value in self.history.evaluations:
+            improved = best is None or (value > best + self.min_delta if self.mode == "max"
+                                        else value < best - self.min_delta)
+            if improved and math.isfinite(value):
+                best, best_step, stale = value, step, 0
+            else:
+                stale += 1
+        if best is None or stale < self.patience:
+            return None
+        by = f" by more than {self.min_delta:g}" if self.min_delta else ""
+        return (f"{self.metric} has not improved{by} in the last {stale} evaluations (best {best:.4f} at step "
+                f"{best_step}; EARLY_STOP_PATIENCE={self.patience}). The best model is in best/ and export/best/; to "
+                "train on, raise EARLY_STOP_PATIENCE or set it to 0")
+
+
 # Observers by name (`experiment.observers`): a class taking RunParts, or a function of RunParts that returns an
 # Observer, or None when it does not apply to this run.
 OBSERVERS: dict[str, Callable[[RunParts], Observer | None]] = {
@@ -178,8 +208,9 @@ OBSERVERS: dict[str, Callable[[RunParts], Observer | None]] = {
     "tensorboard": TensorBoard,
     "history": HistoryRecords,
     "best": lambda parts: BestKeeping(parts) if parts.best is not None else None,
+    "early_stopping": lambda parts: EarlyStopping(parts) if parts.config.early_stop_patience else None,
 }
-DEFAULT_OBSERVERS = ("finite_guard", "profiling", "progress", "tensorboard", "history", "best")
+DEFAULT_OBSERVERS = ("finite_guard", "profiling", "progress", "tensorboard", "history", "best", "early_stopping")
 
 
 def make_observers(parts: RunParts, extra: tuple[str, ...] = ()) -> list[Observer]:

@@ -80,6 +80,7 @@ class History:
         self._rewrite = False  # A failed append may have left half a line: the next write rewrites the file.
         self.best: dict | None = None  # {"step", "metric", "mode", "value"}
         self.new_best = False  # Whether the last recorded evaluation was a new best.
+        self.evaluations: list[tuple[int, float]] = []  # (step, value of `metric`) of every evaluation kept, in order.
 
     def resume(self, step: int, *, rewrite: bool = True) -> None:
         """Drops records past `step` (and damaged lines; in the file only when `rewrite`), then reloads the best
@@ -94,7 +95,7 @@ class History:
             log.info("%s: kept the %d records up to step %d (dropped %d written after that checkpoint).", FILE,
                      len(kept), step, len(records) - len(kept))
         self._keys = {(record["kind"], record["step"]) for record in kept}
-        self.best = None
+        self.best, self.evaluations = None, []
         for record in kept:  # An evaluation from before experiment.metrics changed may lack the metric: skipped.
             if record["kind"] == "eval" and self.metric_name in record["metrics"]:
                 self._consider(record["step"], record["metrics"])
@@ -160,6 +161,7 @@ class History:
             raise ConfigError(f"BEST_METRIC={self.metric!r}: the evaluation has no {self.metric_name!r} (it has "
                               f"{', '.join(metrics)}). Use one of those, e.g. 'eval/{next(iter(metrics))}'.")
         value = float(value)
+        self.evaluations.append((step, value))
         if not math.isfinite(value):
             return False
         if self.best is not None and not (value > self.best["value"] if self.mode == "max"
