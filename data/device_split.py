@@ -74,9 +74,7 @@ class DeviceSplit:
                  global_batch_size: int, seed: int):
         self._spec, self._builder, self._seed = spec, builder, seed
         self._num_examples = builders.split_size(builder, spec.train_split)
-        if self._num_examples < global_batch_size:
-            raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {self._num_examples} "
-                              f"examples of {spec.tfds_name}:{spec.train_split}; use a smaller batch.")
+        pipeline.check_batch_fits(spec, self._num_examples, global_batch_size)
         self._global_batch_size = global_batch_size
         self._per_replica = global_batch_size // strategy.num_replicas_in_sync
         examples = pipeline.decoded_train_split(spec, builder)

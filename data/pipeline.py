@@ -70,9 +70,7 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
         return functools.partial(shard_stream.make_train_dataset, spec, builder, global_batch_size=global_batch_size,
                                  seed=seed, start_step=start_step)
     num_examples = builders.split_size(builder, spec.train_split)
-    if num_examples < global_batch_size:
-        raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {num_examples} examples of "
-                          f"{spec.tfds_name}:{spec.train_split}; use a smaller batch.")
+    check_batch_fits(spec, num_examples, global_batch_size)
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         examples = decoded_train_split(spec, builder)
@@ -90,6 +88,13 @@ def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *,
                 .prefetch(tf.data.AUTOTUNE))
 
     return input_fn
+
+
+def check_batch_fits(spec: DatasetSpec, num_examples: int, global_batch_size: int) -> None:
+    """A ConfigError when one global batch is larger than the train split (a batch spans at most two epochs)."""
+    if num_examples < global_batch_size:
+        raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {num_examples} examples of "
+                          f"{spec.tfds_name}:{spec.train_split}; use a smaller batch.")
 
 
 def decoded_train_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> dict[str, tf.Tensor]:
