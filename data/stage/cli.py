@@ -12,6 +12,8 @@ Your own data, as TFDS dataset NAME (then train it with --gin_param="DATASET='tf
   python -m data.stage --name=NAME --data_dir=DIR --from_tfrecord='train=tr-*.tfrecord,test=te-*.tfrecord' \\
       --features='features:float32[8],label:int64'
   python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES  # IMAGES/{train,test}/<class>/*.png
+One file or folder, split for you (seeded, stratified by class; x and y arrays in an .npz, IMAGES/<class>/*.png):
+  python -m data.stage --name=NAME --data_dir=DIR --from_csv=data.csv --label=COLUMN --test_fraction=0.2 --seed=0
 
 The bundled digits builder needs no network, registered TFDS datasets download from their source first; ImageNet has
 no download: put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar (from image-net.org, after registering) in
@@ -29,7 +31,9 @@ import sys
 
 SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
 # A shipped experiment whose model and settings fit each inferred task: where to start.
-STARTING_CONFIGS = {"ImageClassification": "configs/experiments/digits_mlp.gin",
+# The small CNN builds for any image size (convolutions, global average pooling), the Transformer takes raw strings.
+STARTING_CONFIGS = {"ImageClassification": "configs/experiments/mnist_cnn.gin",
+                    "TextClassification": "configs/experiments/synthetic_reviews_transformer.gin",
                     "TabularClassification": "configs/experiments/breast_cancer_mlp.gin",
                     "TabularRegression": "configs/experiments/synthetic_housing_mlp.gin"}
 
@@ -62,10 +66,10 @@ def stage_own(args: argparse.Namespace) -> str:
 
     own_data.check_name(args.name)
     check_gcs_paths({"--data_dir": args.data_dir})
-    features, splits = own_data.read_source(args)  # Read and checked before anything is written.
+    features, splits, split_note = own_data.read_source(args)  # Read and checked before anything is written.
     source = own_fingerprint.of_source(args)
     return own_data.store(args.name, args.data_dir, features, splits, source=source, force=args.force,
-                          description=f"Staged with python -m data.stage {source['source']}.")
+                          description=f"Staged with python -m data.stage {source['source']}.{split_note}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -78,10 +82,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     own.add_argument("--name", help="the new TFDS dataset's name (lower_case); train it as DATASET='tfds:NAME'")
     own.add_argument("--from_npz", help=".npz file with x_train, y_train, x_test, y_test (or see --npz_keys)")
     own.add_argument("--npz_keys", help="the arrays per split: train=INPUTS:LABELS,test=INPUTS:LABELS")
-    own.add_argument("--from_csv", help="train=FILE,test=FILE: CSV files with a header row")
+    own.add_argument("--from_csv", help="train=FILE,test=FILE: CSV files with a header row (or FILE with "
+                     "--test_fraction)")
     own.add_argument("--from_tfrecord", help="train=GLOB,test=GLOB: TFRecord files of tf.train.Example")
     own.add_argument("--features", help="with --from_tfrecord: NAME:DTYPE[SHAPE],... (float32, int64, image)")
-    own.add_argument("--from_image_folder", help="folder with train/<class>/*.png and test/<class>/*.png")
+    own.add_argument("--from_image_folder", help="folder with train/<class>/*.png and test/<class>/*.png (or "
+                     "<class>/*.png with --test_fraction)")
+    own.add_argument("--test_fraction", type=float, help="split one CSV, .npz (arrays x, y) or image folder: this "
+                     "share of the examples (0 < F < 1) becomes test, stratified by class")
+    own.add_argument("--seed", type=int, help="with --test_fraction: the seed of the split (default 0)")
     own.add_argument("--label", default="label", help="the label column (CSV) or feature (TFRecord); default label")
     own.add_argument("--label_kind", choices=("auto", "class", "number"), default="auto",
                      help="class (classification) or number (regression); auto: text and integers are classes")
@@ -111,8 +120,12 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Before TensorFlow loads: no C++ INFO lines (as train.py).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     from common.errors import ConfigError
+    from data.stage.flag_checks import check_args
 
     try:
+        check_args(args)  # Standard library only: a bad flag answers before TensorFlow loads (~7 s).
+        if args.test_fraction is not None and args.seed is None:
+            args.seed = 0  # The default seed, recorded as such (the same split as --seed=0).
         if args.dataset:
             status = "built" if stage(args.dataset, args.data_dir, args.manual_dir) else "there"
         else:

@@ -3,13 +3,13 @@ dataset_info.json (`staged_source.json`, written last), so staging the same --na
 to do) from a different one (exit 2: --force rebuilds, or another --name keeps both).
 
 The fingerprint is the source kind (--from_npz, --from_csv, ...), the flags that change what is staged (--npz_keys,
---label, --label_kind, --features) and the contents per split: the sha256 of the bytes of the .npz, CSV and TFRecord
-files; for an image folder (often large, perhaps on gs://) only the names, sizes and modification times of the image
-files, which is cheap but takes a copy of the folder (new modification times) for a different source (--force then
-stages it again). Paths are not compared (the same file, moved, is the same source); they name the sources in
-messages, as does the time of staging. A training run records the fingerprint's digest (data/staged_source.py,
-training/run_directory/identity.py) and refuses to resume on data staged from another source. Everything goes
-through tf.io.gfile, so DATA_DIR and the sources may be gs://.
+--label, --label_kind, --features, and --test_fraction with --seed, which make the split of one file) and the contents
+per split: the sha256 of the bytes of the .npz, CSV and TFRecord files; for an image folder (often large, perhaps on
+gs://) only the names, sizes and modification times of the image files, which is cheap but takes a copy of the folder
+(new modification times) for a different source (--force then stages it again). Paths are not compared (the same file,
+moved, is the same source); they name the sources in messages, as does the time of staging. A training run records the
+fingerprint's digest (data/staged_source.py, training/run_directory/identity.py) and refuses to resume on data staged
+from another source. Everything goes through tf.io.gfile, so DATA_DIR and the sources may be gs://.
 """
 
 import hashlib
@@ -20,8 +20,9 @@ from common.storage_paths import join, relative_to
 from data import staged_source
 
 # Per source flag, the flags that change what is staged from it.
-SETTINGS = {"from_npz": ("npz_keys", "label_kind"), "from_csv": ("label", "label_kind"),
-            "from_tfrecord": ("features", "label", "label_kind"), "from_image_folder": ()}
+SETTINGS = {"from_npz": ("npz_keys", "label_kind", "test_fraction", "seed"),
+            "from_csv": ("label", "label_kind", "test_fraction", "seed"),
+            "from_tfrecord": ("features", "label", "label_kind"), "from_image_folder": ("test_fraction", "seed")}
 _CHUNK = 1 << 22
 
 
@@ -35,13 +36,15 @@ def of_source(args) -> dict:
     value = getattr(args, kind)
     if kind == "from_npz":
         contents = {"file": _sha256([value])}
+    elif kind == "from_csv" and args.test_fraction is not None:
+        contents = {"file": _sha256([value])}
     elif kind == "from_csv":
         contents = {split: _sha256([path]) for split, path in parse_split_paths(value, "--from_csv").items()}
     elif kind == "from_tfrecord":
         contents = {split: _sha256(sorted(tf.io.gfile.glob(pattern)))
                     for split, pattern in parse_split_paths(value, "--from_tfrecord").items()}
     else:
-        contents = {"files": _image_listing(value.rstrip("/"))}
+        contents = {"files": _image_listing(value.rstrip("/"), args.test_fraction is not None)}
     return {"source": f"--{kind}={value}", "kind": kind,
             "settings": {flag: getattr(args, flag) for flag in SETTINGS[kind]}, "contents": contents}
 
@@ -97,14 +100,14 @@ def _sha256(paths: list[str]) -> str:
     return total.hexdigest()
 
 
-def _image_listing(root: str) -> str:
+def _image_listing(root: str, whole: bool) -> str:
     """sha256 of the image folder's files read by data/stage/images.py: split/class/name, size and mtime of each."""
     import tensorflow as tf
 
     from data.stage.images import list_images
 
     total = hashlib.sha256()
-    for _, classes in sorted(list_images(root).items()):
+    for _, classes in sorted(list_images(root, whole).items()):
         for _, files in sorted(classes.items()):
             for path in files:
                 stat = tf.io.gfile.stat(path)

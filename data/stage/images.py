@@ -7,39 +7,52 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.storage_paths import join, list_folder
-from data.stage.sources import check_splits
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 
 
-def list_images(root: str) -> dict[str, dict[str, list[str]]]:
-    """{split: {class: sorted image paths}} of the folder `root`: the files read_image_folder reads."""
+def list_images(root: str, whole: bool = False) -> dict[str, dict[str, list[str]]]:
+    """{split: {class: sorted image paths}} of the folder `root`: the files read_image_folder reads. When `whole`
+    (--test_fraction splits it) the class folders are directly in `root`: one split, 'all'."""
     import tensorflow as tf
 
     if not tf.io.gfile.isdir(root):
         raise ConfigError(f"--from_image_folder={root!r} is not a folder. Pass a folder with DIR/train/<class>/*.png "
-                          "and DIR/test/<class>/*.png.")
-    listing = {split: {} for split in list_folder(root).folders}
-    check_splits(listing, f"--from_image_folder={root!r}")
+                          "and DIR/test/<class>/*.png (or DIR/<class>/*.png with --test_fraction).")
+    folders = list_folder(root).folders
+    if whole:
+        named = sorted({"train", "test", "validation"} & set(folders))
+        if named:
+            raise ConfigError(f"--from_image_folder={root!r} has the split folder(s) {named}, and --test_fraction "
+                              "splits class folders (DIR/<class>/*.png): drop --test_fraction to use its splits.")
+        listing = {"all": {}}
+    else:
+        listing = {split: {} for split in folders}
+        if "train" not in listing or not {"test", "validation"} & set(listing):
+            raise ConfigError(f"--from_image_folder={root!r} has the sub-folders {sorted(listing)}, not the splits "
+                              "train and test (or validation): put the images in DIR/train/<class>/ and "
+                              "DIR/test/<class>/, or, for class folders directly in DIR, pass --test_fraction=0.2 "
+                              "(say) to split them.")
     for split in listing:
-        for name in list_folder(join(root, split)).folders:
-            folder = join(root, split, name)
+        for name in list_folder(root if whole else join(root, split)).folders:
+            folder = root if whole else join(root, split)
+            folder = join(folder, name)
             listing[split][name] = [join(folder, file) for file in list_folder(folder).files
                                     if file.lower().endswith(IMAGE_EXTENSIONS)]
     return listing
 
 
-def read_image_folder(root: str) -> tuple[dict, list[str]]:
-    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root`."""
+def read_image_folder(root: str, whole: bool = False) -> tuple[dict, list[str]]:
+    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root` (see list_images)."""
     import tensorflow as tf
 
-    listing = list_images(root)
+    listing = list_images(root, whole)
     class_names = sorted({name for classes in listing.values() for name in classes})
     if len(class_names) < 2:
         raise ConfigError(f"--from_image_folder={root!r} has the classes {class_names}; classification needs at "
                           "least two class sub-folders per split (DIR/train/<class>/).")
-    empty = [join(root, split, name) for split, classes in listing.items() for name, files in classes.items()
-             if not files]
+    empty = [join(root, "" if whole else split, name) for split, classes in listing.items()
+             for name, files in classes.items() if not files]
     if empty:  # Its class would be staged with no examples (or, in an evaluation split, one that is never tested).
         raise ConfigError(f"--from_image_folder: the class folder {empty[0]} has no {'/'.join(IMAGE_EXTENSIONS)} "
                           f"images{f' (nor do {len(empty) - 1} more)' if len(empty) > 1 else ''}. Put its images "

@@ -55,8 +55,9 @@ def check_finite(values: np.ndarray, source: str, split: str, names: str | list[
                       "column's mean), then stage again.")
 
 
-def read_npz(path: str, keys: str | None) -> dict:
-    """Arrays `x_SPLIT`/`y_SPLIT` of an .npz file, or the pairs named by `keys` ('train=X:Y,test=X:Y')."""
+def read_npz(path: str, keys: str | None, whole: bool = False) -> dict:
+    """Arrays `x_SPLIT`/`y_SPLIT` of an .npz file, or the pairs named by `keys` ('train=X:Y,test=X:Y'); when `whole`
+    (--test_fraction splits it), one pair as split 'all': `x`/`y`, or the pair `keys` names ('X:Y')."""
     import tensorflow as tf
 
     if not tf.io.gfile.exists(path):
@@ -70,7 +71,13 @@ def read_npz(path: str, keys: str | None) -> dict:
     except (ValueError, OSError) as error:
         raise ConfigError(f"--from_npz={path!r} is not a NumPy .npz file ({error}); save it with np.savez.") \
             from error
-    if keys:
+    if whole:
+        pairs = {"all": keys.split(":") if keys else ["x", "y"]}
+        if not keys and "x" not in arrays and any(name.startswith("x_") for name in arrays):
+            raise ConfigError(f"--from_npz={path!r} has the arrays {sorted(arrays)}: split already, and "
+                              "--test_fraction splits one pair x, y. Drop --test_fraction to use its splits, or "
+                              "name the pair to split with --npz_keys=INPUTS:LABELS.")
+    elif keys:
         pairs = {split: names.split(":") for split, names in parse_split_paths(keys, "--npz_keys").items()}
     else:
         pairs = {name[2:]: [name, "y" + name[1:]] for name in arrays if name.startswith("x_")}
@@ -83,13 +90,15 @@ def read_npz(path: str, keys: str | None) -> dict:
     for split, names in pairs.items():
         missing = [name for name in names if name not in arrays]
         if len(names) != 2 or missing:
+            fix = ("Name them x and y, or pass --npz_keys=INPUTS:LABELS" if whole else "Name them x_train, y_train, "
+                   "x_test, y_test, or pass --npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS")
             raise ConfigError(f"--from_npz={path!r} has the arrays {sorted(arrays)}, not {missing or names} for "
-                              f"split {split!r}. Name them x_train, y_train, x_test, y_test, or pass "
-                              "--npz_keys=train=INPUTS:LABELS,test=INPUTS:LABELS.")
+                              f"{'--test_fraction to split' if whole else f'split {split!r}'}. {fix}.")
         for name in names:
             check_finite(arrays[name], f"--from_npz={path!r}", split, f"array {name!r}")
         splits[split] = (arrays[names[0]], arrays[names[1]])
-    check_splits(splits, f"--from_npz={path!r}")
+    if not whole:
+        check_splits(splits, f"--from_npz={path!r}")
     return splits
 
 
@@ -102,15 +111,16 @@ def _is_number(text: str) -> bool:
 
 
 def read_csv(paths: dict[str, str], label: str) -> dict:
-    """Per split, a CSV file with a header row: the `label` column and numeric feature columns."""
+    """Per split, a CSV file with a header row: the `label` column and numeric feature columns (the caller checks
+    the split names: one file is split 'all', which --test_fraction splits)."""
     import tensorflow as tf
 
-    check_splits(paths, "--from_csv")
     splits, header = {}, None
     for split, path in paths.items():
         if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
             what = "a folder, not a file" if tf.io.gfile.exists(path) else "no such file"
-            raise ConfigError(f"--from_csv: {split}={path!r}: {what}. Pass an existing CSV path (local or gs://), "
+            where = f"--from_csv={path!r}" if split == "all" else f"--from_csv: {split}={path!r}"
+            raise ConfigError(f"{where}: {what}. Pass an existing CSV path (local or gs://), "
                               "e.g. --from_csv=train=train.csv,test=test.csv.")
         rows = _read_csv_rows(path)
         if not rows or label not in rows[0]:

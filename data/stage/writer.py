@@ -22,15 +22,12 @@ def check_name(name: str) -> None:
     """A new TFDS dataset name: snake_case, and neither a dataset TFDS already registers nor the name or TFDS name
     of one of the template's datasets (data/registry.py): either would be shadowed, mix its builder's metadata with
     the staged files, or (pasted into DATASETS as data.stage suggests) replace the shipped entry."""
-    import re
-
     import tensorflow_datasets as tfds
 
     from data.registry import DATASETS
+    from data.stage.flag_checks import check_name_format
 
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", name or ""):
-        raise ConfigError(f"--name={name!r} is not a TFDS dataset name: use lower-case letters, digits and _, "
-                          "starting with a letter (e.g. --name=my_data).")
+    check_name_format(name)
     bundled = next((key for key, spec in DATASETS.items() if spec.tfds_name == name), None)
     if bundled is not None:
         raise ConfigError(f"--name={name!r} is the TFDS name of the template's dataset DATASET={bundled!r} "
@@ -44,15 +41,21 @@ def check_name(name: str) -> None:
 
 
 def read_source(args) -> tuple:
-    """(features, {split: {feature: array}}) from the one --from_* source of the parsed command line `args`."""
+    """(features, {split: {feature: array}}, how it was split: '' or a sentence for the metadata) from the one
+    --from_* source of the parsed command line `args`; with --test_fraction, the one source split by
+    data/stage/split.py."""
     from data.stage import sources as own_sources
+    from data.stage import split as own_split
     from data.stage.columns import columns
 
-    class_names = None
+    class_names, whole, split_note = None, args.test_fraction is not None, ""
     if args.from_npz:
-        splits = own_sources.read_npz(args.from_npz, args.npz_keys)
+        splits = own_sources.read_npz(args.from_npz, args.npz_keys, whole=whole)
     elif args.from_csv:
-        splits = own_sources.read_csv(own_sources.parse_split_paths(args.from_csv, "--from_csv"), args.label)
+        paths = ({"all": args.from_csv} if whole else own_sources.parse_split_paths(args.from_csv, "--from_csv"))
+        if not whole:
+            own_sources.check_splits(paths, "--from_csv")
+        splits = own_sources.read_csv(paths, args.label)
     elif args.from_tfrecord:
         if not args.features:
             raise ConfigError("--from_tfrecord needs --features, the stored features' names, dtypes and shapes, e.g. "
@@ -62,9 +65,15 @@ def read_source(args) -> tuple:
     else:
         from data.stage.images import read_image_folder
 
-        splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"))
+        splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"), whole=whole)
     try:
-        return columns(splits, args.label_kind, class_names)
+        if whole:
+            inputs, labels = splits["all"]
+            seed = args.seed or 0
+            by_class = class_names is not None or own_split.is_class_label(labels, args.label_kind)
+            splits = own_split.split_examples(inputs, labels, args.test_fraction, seed, by_class)
+            split_note = " " + own_split.describe(args.test_fraction, seed, by_class, splits)
+        return (*columns(splits, args.label_kind, class_names), split_note)
     except ConfigError as error:  # About the arrays read: named by the source they were read from.
         flag = next(flag for flag in ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
                     if getattr(args, flag))

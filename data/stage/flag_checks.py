@@ -1,0 +1,96 @@
+"""The checks of a data.stage command line that need no TensorFlow: they run before it is imported (~7 s on 2 CPU
+cores), so a bad flag, a conflicting pair or a missing local source file answers in a fraction of a second.
+
+Standard library only (tests/test_stage_fast.py asserts that TensorFlow is not loaded by them). What only the data
+can tell (an .npz without the arrays, a CSV without the label column, a gs:// path) is checked when it is read
+(data/stage/sources.py).
+"""
+
+import os
+import re
+
+from common.errors import ConfigError
+
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+_SPLIT_PAIRS = re.compile(r"^\s*\w+\s*=")  # 'train=a.csv,...', as opposed to one file's path.
+
+
+def names_splits(value: str) -> bool:
+    """Whether a --from_csv / --npz_keys value names splits (train=...,test=...) rather than one file or pair."""
+    return bool(_SPLIT_PAIRS.match(value))
+
+
+def check_name_format(name: str) -> None:
+    """A TFDS dataset name: snake_case (the registry checks, which need TFDS, are data/stage/writer.check_name)."""
+    if not NAME.fullmatch(name or ""):
+        raise ConfigError(f"--name={name!r} is not a TFDS dataset name: use lower-case letters, digits and _, "
+                          "starting with a letter (e.g. --name=my_data).")
+
+
+def check_args(args) -> None:
+    """A ConfigError for the first bad flag value or combination of the parsed command line `args`, or a local
+    source that does not exist; nothing for a --dataset command but its own checks (done by TFDS)."""
+    if args.dataset:
+        if args.test_fraction is not None:
+            raise ConfigError(f"--test_fraction={args.test_fraction} splits your own data (--from_csv, --from_npz, "
+                              f"--from_image_folder); --dataset={args.dataset} has its own splits: drop it.")
+        return
+    check_name_format(args.name)
+    _check_split_flags(args)
+    _check_local_sources(args)
+
+
+def _check_split_flags(args) -> None:
+    """--test_fraction (0 < F < 1) splits one CSV, .npz or image folder, not sources that name their splits."""
+    fraction = args.test_fraction
+    if fraction is None:
+        if args.seed is not None:
+            raise ConfigError(f"--seed={args.seed} seeds the split of --test_fraction, which is not given: pass "
+                              "--test_fraction=0.2 (say) to split one file, or drop --seed.")
+        if args.from_csv and not names_splits(args.from_csv):
+            raise ConfigError(f"--from_csv={args.from_csv} is one file: pass --test_fraction=0.2 (say) to split it "
+                              "into train and test, or name both files: --from_csv=train=train.csv,test=test.csv.")
+        return
+    if not 0 < fraction < 1:
+        raise ConfigError(f"--test_fraction={fraction} is out of range: it is the share of the examples held out "
+                          "for testing, between 0 and 1 (exclusive), e.g. --test_fraction=0.2.")
+    if args.from_tfrecord:
+        raise ConfigError(f"--test_fraction={fraction} splits one CSV, .npz or image folder; --from_tfrecord names "
+                          "its splits (train=GLOB,test=GLOB): drop --test_fraction.")
+    if args.from_csv and names_splits(args.from_csv):
+        raise ConfigError(f"--test_fraction={fraction} and --from_csv={args.from_csv} both say how to split: pass "
+                          "one file (--from_csv=data.csv --test_fraction=...) or the splits' files without "
+                          "--test_fraction.")
+    if args.npz_keys and names_splits(args.npz_keys):
+        raise ConfigError(f"--test_fraction={fraction} and --npz_keys={args.npz_keys} both say how to split: with "
+                          "--test_fraction, name one pair (--npz_keys=INPUTS:LABELS), or drop --test_fraction to "
+                          "use the splits' arrays.")
+
+
+def _check_local_sources(args) -> None:
+    """The named local files and folders exist (gs:// paths and TFRecord globs are checked when read); the messages
+    are those of the readers (data/stage/sources.py), which check gs:// paths the same way."""
+    if args.from_npz and _is_local(args.from_npz):
+        if not os.path.exists(args.from_npz):
+            raise ConfigError(f"--from_npz={args.from_npz!r}: no such file. Pass the path of an .npz file (np.savez).")
+        if os.path.isdir(args.from_npz):
+            raise ConfigError(f"--from_npz={args.from_npz!r} is a folder, not a file. Pass the path of an .npz file "
+                              "(np.savez) in it.")
+    elif args.from_csv:
+        pairs = ([item.partition("=") for item in args.from_csv.split(",") if item.strip()]
+                 if names_splits(args.from_csv) else [("", "", args.from_csv)])
+        for split, _, path in pairs:
+            split, path = split.strip(), path.strip()
+            if _is_local(path) and (not os.path.exists(path) or os.path.isdir(path)):
+                what = "a folder, not a file" if os.path.exists(path) else "no such file"
+                where = f"--from_csv: {split}={path!r}" if split else f"--from_csv={path!r}"
+                raise ConfigError(f"{where}: {what}. Pass an existing CSV path (local or gs://), e.g. --from_csv="
+                                  "data.csv --test_fraction=0.2 or --from_csv=train=train.csv,test=test.csv.")
+    elif args.from_image_folder and _is_local(args.from_image_folder) and not os.path.isdir(args.from_image_folder):
+        raise ConfigError(f"--from_image_folder={args.from_image_folder!r} is not a folder. Pass a folder with "
+                          "DIR/train/<class>/*.png and DIR/test/<class>/*.png (or DIR/<class>/*.png with "
+                          "--test_fraction).")
+
+
+def _is_local(path: str) -> bool:
+    return bool(path) and "://" not in path

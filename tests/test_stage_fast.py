@@ -1,0 +1,115 @@
+"""A bad flag or a missing file answers before TensorFlow loads: `python -m data.stage` (data/stage/flag_checks.py)
+and `train.py` (training/config_files.py checks --gin_file and its includes first) exit 2 with one `error:` line in
+a fraction of a second (measured 0.2 s on 2 CPU cores; importing TensorFlow first took 7 s). The bound asserted is a
+generous 3 s of wall clock per subprocess; in-process, TensorFlow must not be in sys.modules after the checks.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO_ROOT
+
+FAST_SECONDS = 3.0
+
+
+def _timed(*argv: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    return result, time.monotonic() - start
+
+
+def _stage_cases(root) -> dict:
+    """{case: (data.stage arguments, a word of the error line)}; the files are written by the test."""
+    base = ["--name=fast", f"--data_dir={root}/tfds"]
+    return {
+        "missing npz": ([*base, f"--from_npz={root}/nope.npz"], "no such file"),
+        "npz folder": ([*base, f"--from_npz={root}"], "is a folder, not a file"),
+        "missing CSV of a split": ([*base, f"--from_csv=train={root}/nope.csv,test={root}/one.csv"], "no such file"),
+        "missing image folder": ([*base, f"--from_image_folder={root}/nope"], "is not a folder"),
+        "bad name": (["--name=Bad-Name", f"--data_dir={root}/tfds", f"--from_csv={root}/one.csv",
+                      "--test_fraction=0.2"], "is not a TFDS dataset name"),
+        "fraction out of range": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=1.0"], "out of range"),
+        "fraction of zero": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0"], "out of range"),
+        "fraction with split files": ([*base, f"--from_csv=train={root}/one.csv,test={root}/one.csv",
+                                       "--test_fraction=0.2"], "both say how to split"),
+        "fraction with split npz keys": ([*base, f"--from_npz={root}/nope.npz", "--npz_keys=train=a:b,test=c:d",
+                                          "--test_fraction=0.2"], "--npz_keys=train=a:b,test=c:d"),
+        "fraction with TFRecords": ([*base, "--from_tfrecord=train=a*,test=b*", "--features=x:float32[1],label:int64",
+                                     "--test_fraction=0.2"], "--from_tfrecord names its splits"),
+        "fraction with a known dataset": ([f"--data_dir={root}/tfds", "--dataset=digits", "--test_fraction=0.2"],
+                                          "has its own splits"),
+        "one CSV without a fraction": ([*base, f"--from_csv={root}/one.csv"], "--test_fraction=0.2 (say)"),
+        "seed without a fraction": ([*base, f"--from_csv=train={root}/one.csv,test={root}/one.csv", "--seed=3"],
+                                    "--seed=3 seeds the split"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_stage_cases("ROOT")))
+def test_a_bad_data_stage_flag_exits_2_in_one_line_before_tensorflow_loads(tmp_path, case):
+    open(tmp_path / "one.csv", "w").write("a,label\n1,0\n")
+    arguments, word = _stage_cases(tmp_path)[case]
+    result, seconds = _timed("-m", "data.stage", *arguments)
+    assert result.returncode == 2, (case, result.stderr[-2000:])
+    error = result.stderr.strip()
+    assert len(error.splitlines()) == 1 and error.startswith("error: ") and word in error, (case, error)
+    assert seconds < FAST_SECONDS, (case, seconds)
+    assert not os.path.exists(tmp_path / "tfds"), case
+
+
+def test_the_data_stage_checks_do_not_import_tensorflow(tmp_path):
+    """In a fresh interpreter: parsing and checking a good command line (files present) loads no TensorFlow, and
+    a bad one is refused without it either (the negative control: the reader, which refused it before, loads it)."""
+    open(tmp_path / "one.csv", "w").write("a,label\n1,0\n")
+    code = ("import sys\nfrom data.stage import cli\nfrom data.stage.flag_checks import check_args\n"
+            "from common.errors import ConfigError\n"
+            f"check_args(cli.parse_args(['--name=ok', '--data_dir={tmp_path}/t', '--from_csv={tmp_path}/one.csv', "
+            "'--test_fraction=0.5']))\n"
+            "try:\n    check_args(cli.parse_args(['--name=ok', '--data_dir=d', '--from_npz=/nope.npz']))\n"
+            "except ConfigError:\n    pass\nelse:\n    raise SystemExit('not refused')\n"
+            "print('tensorflow' in sys.modules, 'tensorflow_datasets' in sys.modules)\n"
+            "from data.stage import sources\ntry:\n    sources.read_npz('/nope.npz', None)\n"
+            "except ConfigError:\n    print('tensorflow' in sys.modules)\n")
+    result, _ = _timed("-c", code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "False", "True"], result.stdout
+
+
+def _train_cases(root) -> dict:
+    """{case: (train.py arguments, a word of the error line)}; the files are written by the test."""
+    return {
+        "missing gin file": ([f"--gin_file={root}/nope.gin"], "does not exist"),
+        "gin folder": ([f"--gin_file={root}"], "is a folder, not a gin file"),
+        "binary gin file": ([f"--gin_file={root}/binary.gin"], "is not UTF-8 gin text"),
+        "unreadable gin file": (["--gin_file=/proc/self/mem"], "cannot be read (Input/output error)"),
+        "missing include": ([f"--gin_file={root}/includes_nothing.gin"], "includes 'configs/not_there.gin'"),
+        "unknown flag": (["--gin_files=configs/default.gin"], "unrecognized arguments"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_train_cases("ROOT")))
+def test_a_bad_gin_file_or_flag_of_train_py_exits_2_before_tensorflow_loads(tmp_path, case):
+    (tmp_path / "binary.gin").write_bytes(bytes(range(256)))
+    (tmp_path / "includes_nothing.gin").write_text("include 'configs/not_there.gin'\n")
+    arguments, word = _train_cases(tmp_path)[case]
+    result, seconds = _timed("train.py", *arguments, f"--model_dir={tmp_path / 'run'}")
+    assert result.returncode == 2, (case, result.stderr[-2000:])
+    assert word in result.stderr and "Traceback" not in result.stderr, (case, result.stderr[-2000:])
+    assert seconds < FAST_SECONDS, (case, seconds)
+    assert not os.path.exists(tmp_path / "run"), case
+
+
+def test_config_files_check_the_files_before_importing_tensorflow(tmp_path):
+    """In a fresh interpreter: a missing --gin_file is refused with TensorFlow not loaded; a good one (the negative
+    control) loads it, since the configurable modules are imported to parse it."""
+    code = ("import sys\nfrom training import config_files\nfrom common.errors import ConfigError\n"
+            "try:\n    config_files.parse(['nope.gin'], [], search_path=config_files.REPO_ROOT)\n"
+            "except ConfigError:\n    print('tensorflow' in sys.modules)\n"
+            "config_files.parse(['configs/default.gin'], [], search_path=config_files.REPO_ROOT)\n"
+            "print('tensorflow' in sys.modules)\n")
+    result, _ = _timed("-c", code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "True"], result.stdout
