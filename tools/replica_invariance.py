@@ -237,7 +237,7 @@ def main(argv: list[str]) -> int:
               "--replicas=1,2,4,8.", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     try:
-        accumulate = [int(count) for count in args.accumulate.split(",")] if args.accumulate else None
+        accumulate = [int(count) for count in args.accumulate.split(",")] if args.accumulate is not None else None
     except ValueError:
         accumulate = []
     if accumulate is not None and (not accumulate or min(accumulate) < 1):
