@@ -167,7 +167,7 @@ class ExperimentConfig:
         batches = [("experiment.eval_batch_size", self.eval_batch_for(num_replicas))]
         if training:
             batches.insert(0, ("GLOBAL_BATCH_SIZE", self.global_batch_size))
-        if training and self.global_batch_size % (self.accumulate_steps * num_replicas):
+        if training and self.accumulate_steps > 1 and self.global_batch_size % (self.accumulate_steps * num_replicas):
             multiple = self.accumulate_steps * num_replicas
             raise ConfigError(f"GLOBAL_BATCH_SIZE={self.global_batch_size} does not divide by ACCUMULATE_STEPS="
                               f"{self.accumulate_steps} x the {num_replicas} replicas of this strategy ({multiple}): "
