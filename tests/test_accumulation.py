@@ -179,3 +179,31 @@ def test_bad_accumulate_exits_2_naming_the_value_and_the_fix(accumulate, capsys)
 def test_the_config_carries_the_macro(small_config):
     assert dataclasses.replace(small_config(), accumulate_steps=4).accumulate_steps == 4
     assert _shipped(MLP, "ACCUMULATE_STEPS=4").accumulate_steps == 4 and _shipped(MLP).accumulate_steps == 1
+
+
+def test_the_preflight_compiles_the_accumulating_step_with_xla_and_checks_k_x_replicas(small_config, tmp_path):
+    """`--preflight` (the TPU check on CPU) XLA-compiles the k=4 step at 4 replicas; 64 examples do not split into
+    32 micro-batches on each of 4 replicas."""
+    from training import preflight
+
+    config = small_config(target_replicas=4, global_batch_size=64, accumulate_steps=4)
+    checks = preflight.run_preflight(config, str(tmp_path / "ok"))
+    assert {check.name: check.problem for check in checks if check.problem} == {}
+    assert any("XLA" in check.name or "compile" in check.name for check in checks), [c.name for c in checks]
+    bad = preflight.run_preflight(dataclasses.replace(config, accumulate_steps=32), str(tmp_path / "bad"))
+    problems = {check.name: check.problem for check in bad if check.problem}
+    assert "ACCUMULATE_STEPS=32 x the 4 replicas" in problems["batch divides by the replicas"], problems
+
+
+def test_mixed_float16_loss_scaling_at_k_2_trains_like_k_1(small_config):
+    """Under dynamic loss scaling each micro-batch's loss is scaled, the scaled sum is checked and unscaled once."""
+    from tpu_utils.strategy import make_strategy
+    from training.trainer import Trainer
+
+    losses, initial = [], None
+    for k in (1, 2):
+        trainer = Trainer(small_config(accumulate_steps=k, precision="mixed_float16"), make_strategy("default"))
+        initial = trainer.model.get_weights() if initial is None else initial
+        trainer.model.set_weights(initial)
+        losses.append(trainer.train(trainer.train_iterator(), 20)["loss"])
+    assert np.isfinite(losses).all() and losses[1] == pytest.approx(losses[0], rel=1e-2), losses
