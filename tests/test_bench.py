@@ -37,3 +37,15 @@ def test_the_loop_audit_runs_and_reports_every_variant():
     rows = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
     assert {"template", "no metrics", "no loss sum", "bare", "template / bare"} <= set(rows), result.stdout
     assert "mlp B=32 R=1" in result.stdout and "mlp B=32 R=2" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_accumulation_memory_benchmark_runs_and_reports_each_k():
+    """bench/accumulate_memory.py (docs/throughput.md's peak-RSS figures), at a tiny width: it runs and prints a row
+    per k; the figures themselves are not asserted."""
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "bench", "accumulate_memory.py"),
+                             "--accumulate=1,4", "--hidden=64", "--batch=64", "--steps=1"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("| 1 |", "| 4 |"))]
+    assert len(rows) == 2 and "| 4 | 16 |" in rows[1] and "k=4 saves" in result.stdout, result.stdout

@@ -36,10 +36,11 @@ def _shipped(config_file: str, *params: str):
     return experiment.experiment()
 
 
-# The one list of invariance cases: (config, its overrides, replica counts). Every model in models/registry.py,
-# every loss in training/learning/losses.py and every offline experiment config must appear in one (checked below, so a
-# model, loss or config you add cannot skip the check); the optimizers each model is used with; shipped learning rates
-# and schedules (Adam and AdamW at their usual 1e-3); dropout on where a model has it.
+# The one list of invariance cases: (config, its overrides, replica counts[, ACCUMULATE_STEPS values, each run at every
+# replica count]). Every model in models/registry.py, every loss in training/learning/losses.py and every offline
+# experiment config must appear in one (checked below, so a model, loss or config you add cannot skip the check); the
+# optimizers each model is used with; shipped learning rates and schedules (Adam and AdamW at their usual 1e-3);
+# dropout on where a model has it; gradient accumulation.
 CASES = {
     "cnn-sgd": (DEFAULT, (), REPLICAS),
     "cnn-adam-dropout": (DEFAULT, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "cnn.dropout_rate=0.3"),
@@ -47,6 +48,9 @@ CASES = {
     "cnn-adamw": (DEFAULT, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001"), REPLICAS),
     "mlp-sgd-dropout": (MLP, ("mlp.dropout_rate=0.3",), REPLICAS),
     "mlp-adam": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001"), REPLICAS),
+    # Gradient accumulation (training/learning/accumulation.py): every k at every replica count, on the on-device
+    # split, with dropout keyed by example. Models without BatchNormalization only (per-micro-batch statistics).
+    "mlp-sgd-dropout-accumulate": (MLP, ("mlp.dropout_rate=0.3",), [1, 2, 4], [1, 2, 4]),
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.
     "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), REPLICAS),
     # The worked examples of other tasks (docs/make_it_yours.md), as shipped.
@@ -59,15 +63,17 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_weights_match_across_replica_counts_in_float64(data_dir, case):
-    config_file, params, replicas = CASES[case]
+    config_file, params, replicas, *accumulate = CASES[case]
     config = _shipped(config_file, *params)
     steps = replica_invariance.default_steps()
     assert steps >= 40 and steps > gin.query_parameter("cosine.warmup_steps")  # Past the warm-up.
-    runs, probe = replica_invariance.measure(config, replicas, steps=steps)
+    runs, probe = replica_invariance.measure(config, replicas, steps=steps, accumulate=accumulate[0] if accumulate
+                                             else None)
     passed, table = replica_invariance.report(runs, probe)
     print(table)
     assert passed, table
-    assert [run.replicas for run in runs] == replicas
+    assert [(run.replicas, run.accumulate_steps) for run in runs] == [
+        (count, k) for count in replicas for k in (accumulate[0] if accumulate else [1])]
     assert probe.precision == "float64" and probe.kernel_l2 and probe.clip_global_norm  # Both bugs could show.
 
 
@@ -84,7 +90,7 @@ def _offline_experiments() -> set[str]:
 def uncovered(cases: dict) -> dict[str, list[str]]:
     """What no case of `cases` exercises: registered models, registered losses, offline experiment configs."""
     models, losses, files = set(), set(), set()
-    for config_file, params, _ in cases.values():
+    for config_file, params, *_ in cases.values():
         config = _shipped(config_file, *params)
         models.add(config.model)
         losses.add(config.loss or get_dataset_spec(config.dataset).task.default_loss)
@@ -146,7 +152,7 @@ def test_the_readme_command_fails_on_each_planted_bug(data_dir, monkeypatch, cap
     output = capsys.readouterr().out
     print(output)
     assert "FAIL" in output and "Likely causes" in output
-    worst = [float(line.split()[3]) for line in output.splitlines() if line.strip().startswith(("2 ", "4 ", "8 "))]
+    worst = [float(line.split()[4]) for line in output.splitlines() if line.strip().startswith(("2 ", "4 ", "8 "))]
     assert len(worst) == 3 and min(worst) > 1e4 * replica_invariance.TOLERANCE
 
 

@@ -1,6 +1,7 @@
 """Replica-invariance check: does a config train the same weights on 1 replica as on N?
 
     python -m tools.replica_invariance --gin_file=configs/default.gin --replicas=1,2,4,8
+    python -m tools.replica_invariance --gin_file=configs/experiments/digits_mlp.gin --replicas=1,2,4 --accumulate=1,2,4
 
 Trains the config at each replica count (MirroredStrategy over virtual CPU devices) from the same initial weights on
 the same global batches, and compares every model weight with the first (reference) replica count. It runs in
@@ -16,8 +17,13 @@ configured: masks are keyed by example (models/layers.py), the same at any repli
 
 Per tensor: max|a - b| / max(max|a|, 1% of the largest weight of the model); the worst tensor is the figure; it must
 be <= 1e-9, and the loss must agree to 1e-9 (relative). The floor keeps a tensor whose gradient is zero in exact math
-(e.g. a bias before BatchNormalization, which holds only rounding noise) from failing on noise. Exit 0 if every
-replica count passes, 1 if not, 2 for a bad config. Run it after editing a model, a loss or the training step.
+(e.g. a bias before BatchNormalization, which holds only rounding noise) from failing on noise.
+
+`--accumulate=1,2,4` adds the gradient-accumulation axis (ACCUMULATE_STEPS, training/learning/accumulation.py): every
+replica count at every k, all compared with the first (replicas, k) pair, at the same global batch. Only for models
+without BatchNormalization: BN normalises each micro-batch by its own statistics, which is a legitimate difference.
+
+Exit 0 if every run passes, 1 if not, 2 for a bad config. Run it after editing a model, a loss or the training step.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ LIKELY_CAUSES = """Likely causes:
   - gradients summed across replicas twice (Keras' implicit all-reduce in apply_gradients left on beside the step's);
   - gradients clipped before the cross-replica sum (Keras' clipnorm/global_clipnorm, or clipping per replica);
   - a regularization loss not divided by the replica count (tf.nn.scale_regularization_loss);
+  - with --accumulate: a micro-batch's loss divided by the micro-batch, not the global batch, or the regularization
+    added once per micro-batch (the k column shows the factor); BatchNormalization (per-micro-batch statistics);
   - per-replica state: BatchNormalization that is not synchronized, a random layer keyed per replica (use
     models.layers.StatelessDropout), or other variables updated from one replica's batch.
 The worst tensor says where the difference is largest, not always where it starts."""
@@ -56,6 +64,7 @@ class ReplicaRun:
     replicas: int
     loss: float
     weights: list  # (variable path, np.ndarray) per model weight, in model order, after the steps
+    accumulate_steps: int = 1  # ACCUMULATE_STEPS of the run
     worst_difference: float = 0.0  # vs the reference run (0 for the reference itself)
     worst_tensor: str = ""
     loss_difference: float = 0.0
@@ -82,14 +91,17 @@ def relative_difference(reference: np.ndarray, other: np.ndarray, floor: float =
 
 def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, precision: str = "float64",
             force_regularization: bool = True, force_clipping: bool = True,
-            model_options: dict | None = None, bound_arguments=None) -> tuple[list[ReplicaRun], Probe]:
-    """Trains `config` for `steps` steps at each replica count; returns the runs (compared to the first) and the
-    probe's settings. `bound_arguments`: as the Trainer takes it (the model arguments gin binds)."""
+            model_options: dict | None = None, bound_arguments=None,
+            accumulate: list[int] | None = None) -> tuple[list[ReplicaRun], Probe]:
+    """Trains `config` for `steps` steps at each replica count (and, with `accumulate`, at each ACCUMULATE_STEPS of
+    it for each replica count); returns the runs (compared to the first) and the probe's settings.
+    `bound_arguments`: as the Trainer takes it (the model arguments gin binds)."""
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(max(replica_counts))
-    config = dataclasses.replace(config, strategy="mirrored", precision=precision, steps_per_loop=steps,
-                                 checkpoint_every=0, eval_every=0)
+    accumulate = accumulate or [config.accumulate_steps]
+    config = dataclasses.replace(config, accumulate_steps=accumulate[0], strategy="mirrored", precision=precision,
+                                 steps_per_loop=steps, checkpoint_every=0, eval_every=0)
     options = {"synchronized_batch_norm": True, **(model_options or {})}
     probe = Probe(precision=precision, steps=steps)
     reference = _trainer(config, replica_counts[0], options, bound_arguments)
@@ -103,11 +115,15 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
         reference = _trainer(config, replica_counts[0], options, bound_arguments)
     runs = []
     for replicas in replica_counts:
-        trainer = reference if replicas == replica_counts[0] else _trainer(config, replicas, options, bound_arguments)
-        trainer.model.set_weights(initial_weights)  # Identical start, whatever the initialisers did.
-        metrics = trainer.train(trainer.train_iterator(), steps)
-        weights = [(variable.path, variable.numpy()) for variable in trainer.model.weights]
-        runs.append(ReplicaRun(replicas=replicas, loss=metrics["loss"], weights=weights))
+        for accumulate_steps in accumulate:
+            first = replicas == replica_counts[0] and accumulate_steps == accumulate[0]
+            trainer = reference if first else _trainer(
+                dataclasses.replace(config, accumulate_steps=accumulate_steps), replicas, options, bound_arguments)
+            trainer.model.set_weights(initial_weights)  # Identical start, whatever the initialisers did.
+            metrics = trainer.train(trainer.train_iterator(), steps)
+            weights = [(variable.path, variable.numpy()) for variable in trainer.model.weights]
+            runs.append(ReplicaRun(replicas=replicas, loss=metrics["loss"], weights=weights,
+                                   accumulate_steps=accumulate_steps))
     compare(runs)
     return runs, probe
 
@@ -162,16 +178,19 @@ def report(runs: list[ReplicaRun], probe: Probe | None = None, tolerance: float 
         forced = ", ".join(item for item in forced if item)
         lines.append(f"{probe.precision}, {probe.steps} steps, synchronized BatchNormalization"
                      f"{'; forced on: ' + forced if forced else ''}")
-    lines.append(f"{'replicas':>8}  {'loss':>12}  {'loss diff':>9}  {'worst weight diff':>17}  "
+    lines.append(f"{'replicas':>8}  {'k':>2}  {'loss':>12}  {'loss diff':>9}  {'worst weight diff':>17}  "
                  "worst tensor")
     for run in runs:
-        lines.append(f"{run.replicas:>8}  {run.loss:>12.8f}  {run.loss_difference:>9.2e}  "
+        lines.append(f"{run.replicas:>8}  {run.accumulate_steps:>2}  {run.loss:>12.8f}  {run.loss_difference:>9.2e}  "
                      f"{run.worst_difference:>17.2e}  {run.worst_tensor or '(reference)'}")
     passed = all(run.worst_difference <= tolerance and run.loss_difference <= tolerance for run in runs)
+    several_k = len({run.accumulate_steps for run in runs}) > 1
     if passed:
-        lines.append(f"PASS: every weight and the loss within {tolerance:g} of the {runs[0].replicas}-replica run.")
+        lines.append(f"PASS: every weight and the loss within {tolerance:g} of the {runs[0].replicas}-replica run"
+                     f"{f' at k={runs[0].accumulate_steps}' if several_k else ''}.")
     else:
-        lines.append(f"FAIL: weights or loss differ by more than {tolerance:g} across replica counts.")
+        lines.append(f"FAIL: weights or loss differ by more than {tolerance:g} across replica counts"
+                     f"{' and ACCUMULATE_STEPS' if several_k else ''}.")
         lines.append(LIKELY_CAUSES)
     return passed, "\n".join(lines)
 
@@ -192,6 +211,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gin_file", action="append", default=None)
     parser.add_argument("--gin_param", action="append", default=[])
     parser.add_argument("--replicas", default="1,2,4,8", help="comma-separated; the first is the reference")
+    parser.add_argument("--accumulate", default=None,
+                        help="comma-separated ACCUMULATE_STEPS to run at each replica count, e.g. 1,2,4 (models "
+                             "without BatchNormalization); default: the config's")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"steps per replica count; default max({MIN_STEPS}, cosine.warmup_steps + 10)")
     parser.add_argument("--force_regularization", action=argparse.BooleanOptionalAction, default=True,
@@ -215,11 +237,19 @@ def main(argv: list[str]) -> int:
               "--replicas=1,2,4,8.", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     try:
+        accumulate = [int(count) for count in args.accumulate.split(",")] if args.accumulate is not None else None
+    except ValueError:
+        accumulate = []
+    if accumulate is not None and (not accumulate or min(accumulate) < 1):
+        print(f"error: --accumulate={args.accumulate!r}: expected comma-separated integers >= 1, e.g. "
+              "--accumulate=1,2,4.", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    try:
         config_files.parse(args.gin_file or [config_files.DEFAULT_GIN_FILE], args.gin_param,
                            search_path=config_files.REPO_ROOT)
         runs, probe = measure(experiment.experiment(), replica_counts, steps=args.steps or default_steps(),
                               force_regularization=args.force_regularization, force_clipping=args.force_clipping,
-                              bound_arguments=experiment.bound_model_arguments)
+                              bound_arguments=experiment.bound_model_arguments, accumulate=accumulate)
     except (ConfigError, ValueError) as error:
         print(f"error: {user_message(error)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -15,8 +15,9 @@ from training.run_directory.storage_guard import DEFAULT_TIMEOUT_SECONDS
 # error names them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py
 # checks this set against base.gin).
 MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "global_batch_size",
-                          "train_steps", "steps_per_loop", "checkpoint_every", "eval_every", "learning_rate",
-                          "precision", "seed", "best_metric", "best_mode", "early_stop_patience", "profile_steps",
+                          "train_steps", "steps_per_loop", "accumulate_steps", "checkpoint_every", "eval_every",
+                          "learning_rate", "precision", "seed", "best_metric", "best_mode", "early_stop_patience",
+                          "profile_steps",
                           "profiler_port"})
 # A sensible value per integer field without a default, for the "e.g." of an error.
 _INT_EXAMPLES = {"global_batch_size": 128, "train_steps": 1000, "steps_per_loop": 100, "checkpoint_every": 1000,
@@ -50,6 +51,8 @@ class ExperimentConfig:
     global_batch_size: int
     train_steps: int
     steps_per_loop: int
+    # Micro-batches per optimizer step (training/learning/accumulation.py): each of GLOBAL_BATCH_SIZE / k examples.
+    accumulate_steps: int = 1
     checkpoint_every: int  # Steps between checkpoints; a multiple of steps_per_loop; 0 = only at the end.
     eval_every: int  # Steps between evaluations; a multiple of steps_per_loop; 0 = only at the end.
     learning_rate: float
@@ -102,7 +105,7 @@ class ExperimentConfig:
             raise ConfigError(f"BEST_METRIC={self.best_metric!r} must name an evaluation metric, e.g. "
                               f"{how_to_set('best_metric', 'eval/accuracy')} or 'eval/loss'.")
         object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
-        for name in ("global_batch_size", "checkpoints_to_keep", "startup_timeout_seconds",
+        for name in ("global_batch_size", "accumulate_steps", "checkpoints_to_keep", "startup_timeout_seconds",
                      "storage_timeout_seconds"):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("virtual_devices", "target_replicas"):
@@ -125,6 +128,12 @@ class ExperimentConfig:
         _require_int("seed", self.seed, minimum=0, maximum=MAX_SEED, why="2**32 - 1: NumPy's seed range")
         _require_int("profiler_port", self.profiler_port, minimum=0, maximum=MAX_PORT,
                      why="the largest TCP port; 0 = off")
+        if self.global_batch_size % self.accumulate_steps:
+            nearest = _nearest_multiple(self.global_batch_size, self.accumulate_steps)
+            raise ConfigError(f"GLOBAL_BATCH_SIZE={self.global_batch_size} does not divide by ACCUMULATE_STEPS="
+                              f"{self.accumulate_steps}: every micro-batch must have the same size. Use a multiple of "
+                              f"{self.accumulate_steps}, e.g. {how_to_set('global_batch_size', nearest)}, or another "
+                              "ACCUMULATE_STEPS.")
         if self.train_steps * self.global_batch_size > MAX_EXAMPLES:
             raise ConfigError(f"TRAIN_STEPS={self.train_steps} x GLOBAL_BATCH_SIZE={self.global_batch_size} examples "
                               "is more than the training stream's 2**62 positions; use fewer steps, e.g. "
@@ -175,6 +184,14 @@ class ExperimentConfig:
         batches = [("experiment.eval_batch_size", self.eval_batch_for(num_replicas))]
         if training:
             batches.insert(0, ("GLOBAL_BATCH_SIZE", self.global_batch_size))
+        if training and self.accumulate_steps > 1 and self.global_batch_size % (self.accumulate_steps * num_replicas):
+            multiple = self.accumulate_steps * num_replicas
+            raise ConfigError(f"GLOBAL_BATCH_SIZE={self.global_batch_size} does not divide by ACCUMULATE_STEPS="
+                              f"{self.accumulate_steps} x the {num_replicas} replicas of this strategy ({multiple}): "
+                              "each replica's micro-batch must be whole. Use a multiple of "
+                              f"{multiple}, e.g. "
+                              f"{how_to_set('global_batch_size', _nearest_multiple(self.global_batch_size, multiple))},"
+                              " or a smaller ACCUMULATE_STEPS.")
         for name, value in batches:
             if value % num_replicas:
                 lower = value // num_replicas * num_replicas
@@ -205,6 +222,11 @@ def resolve_best_mode(metric: str, mode: str) -> str:
     if mode in ("max", "min"):
         return mode
     return "min" if any(word in metric for word in ("loss", "error")) else "max"
+
+
+def _nearest_multiple(value: int, multiple: int) -> int:
+    """The multiple of `multiple` nearest to `value` (at least `multiple`)."""
+    return max(multiple, round(value / multiple) * multiple)
 
 
 def _require_int(name: str, value, *, minimum: int, maximum: int | None = None, why: str = "") -> None:

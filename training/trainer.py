@@ -4,6 +4,7 @@ It knows how to run N training steps and one exact evaluation; it does not decid
 does). The replica-invariance check (tools/replica_invariance.py) builds Trainers at several replica counts.
 """
 
+import functools
 import inspect
 from collections.abc import Callable, Collection
 
@@ -18,7 +19,7 @@ from tpu_utils import loop
 from tpu_utils.strategy import io_device_for, is_multi_worker
 from training.build_scope import seeded_build
 from training.config import ExperimentConfig
-from training.learning import step
+from training.learning import accumulation, step
 from training.learning.losses import check_per_example_losses, get_loss
 from training.learning.metrics import make_metrics
 from training.learning.optimizers import make_optimizer
@@ -77,10 +78,12 @@ class Trainer:
             self.eval_loss = keras.metrics.Mean("loss")
             self.eval_metrics = make_metrics(config.metrics, self.task)
 
-        self.train_step = step.make_train_step(self.model, self.optimizer, loss_fn,
-                                          global_batch_size=config.global_batch_size,
-                                          clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
-                                          seed=config.seed)
+        # k=1 is the plain step, unchanged; k>1 sums k micro-batches' gradients per optimizer step.
+        make_step = step.make_train_step if config.accumulate_steps == 1 else functools.partial(
+            accumulation.make_accumulating_train_step, accumulate_steps=config.accumulate_steps)
+        self.train_step = make_step(self.model, self.optimizer, loss_fn, global_batch_size=config.global_batch_size,
+                                    clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
+                                    seed=config.seed)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, metrics=self.eval_metrics)
         # The training loss is the data loss, as in evaluation; the regularization term is reported apart.
         self._train_outputs = ("loss", "regularization") if self.model.losses else ("loss",)
