@@ -183,7 +183,7 @@ def test_bad_flags_and_files_are_refused_before_tensorflow_is_imported(served, t
     good = tmp_path / "good.csv"
     good.write_text(",".join(["1"] * 30) + "\n")
     cases.append([f"--export={served('tabular').export_dir}", f"--input={good}"])
-    script = ("import json, sys\nfrom serving import predict\nresults = []\n"
+    script = ("import json, sys\nfrom tools import predict\nresults = []\n"
               "for argv in json.loads(sys.argv[1]):\n"
               "    results.append([predict.main(argv), 'tensorflow' in sys.modules])\n"
               "print(json.dumps(results))\n")
