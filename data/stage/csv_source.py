@@ -28,56 +28,67 @@ def read_csv(paths: dict[str, str], label: str, text: str | None = None) -> dict
     """Per split, a CSV file with a header row: the `label` column and numeric feature columns, or the `text` column
     (--text; other columns are left out) as one string per example (the caller checks the split names: one file is
     split 'all', which --test_fraction splits). Without `text`, a CSV whose only column besides the label holds
-    anything but numbers is read as text, and said so in the log."""
-    tables, header = {}, None
-    for split, path in paths.items():
+    anything but numbers (in the first split's file) is read as text, and said so in the log."""
+    splits, header = {}, None
+    for split, path in paths.items():  # One file after the other: a bad cell is named before the next file is read.
         rows = _read_split_rows(split, path, label, header)
-        header = rows[0]
-        tables[split] = (path, rows)
+        if header is None:
+            header = rows[0]
+            text = _text_column(path, rows, label, text)
+        splits[split] = _split_columns(split, path, rows, label, text)
+    return splits
+
+
+def _text_column(path: str, rows: list[list[str]], label: str, text: str | None) -> str | None:
+    """The text column: `text` (checked), or the only column besides `label` when it holds anything but numbers;
+    None for numeric feature columns."""
+    header = rows[0]
     others = [name for name in header if name != label]
-    if text is None and len(others) == 1 and not all(_is_number(row[header.index(others[0])])
-                                                     for _, rows in tables.values() for row in rows[1:]):
+    if text is None and len(others) == 1 and not all(_is_number(row[header.index(others[0])]) for row in rows[1:]):
         text = others[0]
         log.info("--from_csv: column %r, the only one besides --label=%r, holds text: staged as a text dataset "
                  "(--text=%s says so explicitly).", text, label, text)
-    if text is not None:
+    elif text is not None:
         if text not in header or text == label:
-            raise ConfigError(f"--text={text!r} is not a column of {tables[next(iter(tables))][0]} besides --label="
-                              f"{label!r} (columns: {header}); pass --text=<the column that holds the text>.")
+            raise ConfigError(f"--text={text!r} is not a column of {path} besides --label={label!r} (columns: "
+                              f"{header}); pass --text=<the column that holds the text>.")
         left_out = [name for name in others if name != text]
         if left_out:
             log.info("--from_csv: --text=%r: the columns %s are left out (the text task reads one text column).",
                      text, left_out)
-    splits = {}
-    for split, (path, rows) in tables.items():
-        used = [label, text] if text is not None else header
-        index = header.index(label)
-        values, labels = [], []
-        for number, row in enumerate(rows[1:], start=2):
-            empty = [name for name in used if not row[header.index(name)].strip()]
-            if empty:
-                raise ConfigError(f"{path}, line {number}: no value in column(s) {empty}. Fill the missing values in "
-                                  "or drop those rows (every example needs every column).")
-            labels.append(row[index])
-            if text is not None:
-                values.append(row[header.index(text)])
-                continue
-            cells = [(name, cell) for position, (name, cell) in enumerate(zip(header, row, strict=True))
-                     if position != index]
-            try:
-                values.append([float(cell) for _, cell in cells])
-            except ValueError:
-                name, cell = next((name, cell) for name, cell in cells if not _is_number(cell))
-                raise ConfigError(f"{path}, line {number}: column {name!r} holds {cell!r}, not a number. Feature "
-                                  "columns must be numbers: drop or encode that column (or fix the value), or, if it "
-                                  f"is the text to classify, pass --text={name}.") from None
+    return text
+
+
+def _split_columns(split: str, path: str, rows: list[list[str]], label: str, text: str | None) -> tuple:
+    """(inputs, labels) of one split's rows: float feature vectors, or the `text` column's strings."""
+    header = rows[0]
+    used = [label, text] if text is not None else header
+    index = header.index(label)
+    values, labels = [], []
+    for number, row in enumerate(rows[1:], start=2):
+        empty = [name for name in used if not row[header.index(name)].strip()]
+        if empty:
+            raise ConfigError(f"{path}, line {number}: no value in column(s) {empty}. Fill the missing values in "
+                              "or drop those rows (every example needs every column).")
+        labels.append(row[index])
         if text is not None:
-            splits[split] = (np.asarray(values, dtype=object), _label_array(labels))
+            values.append(row[header.index(text)])
             continue
-        splits[split] = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
-        check_finite(splits[split][0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)
-        check_finite(splits[split][1], f"--from_csv: {path}", split, [label], 2)
-    return splits
+        cells = [(name, cell) for position, (name, cell) in enumerate(zip(header, row, strict=True))
+                 if position != index]
+        try:
+            values.append([float(cell) for _, cell in cells])
+        except ValueError:
+            name, cell = next((name, cell) for name, cell in cells if not _is_number(cell))
+            raise ConfigError(f"{path}, line {number}: column {name!r} holds {cell!r}, not a number. Feature "
+                              "columns must be numbers: drop or encode that column (or fix the value), or, if it "
+                              f"is the text to classify, pass --text={name}.") from None
+    if text is not None:
+        return np.asarray(values, dtype=object), _label_array(labels)
+    columns = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
+    check_finite(columns[0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)
+    check_finite(columns[1], f"--from_csv: {path}", split, [label], 2)
+    return columns
 
 
 def _read_split_rows(split: str, path: str, label: str, header: list[str] | None) -> list[list[str]]:
