@@ -140,6 +140,8 @@ def test_a_string_column_among_others_without_text_is_exit_2_naming_the_flag(sou
     assert stage.main(["--name=refused", f"--data_dir={tmp_path}/tfds", f"--from_text_folder={sources}/flat",
                        "--test_fraction=0.2", "--text=review"]) == 2
     assert "--text=review names the text column of --from_csv" in capsys.readouterr().err
+    assert stage.main([f"--data_dir={tmp_path}/tfds", "--dataset=digits", "--text=review"]) == 2
+    assert "--text=review names the text column of --from_csv" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "tfds" / "refused")
 
 

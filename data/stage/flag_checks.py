@@ -30,6 +30,9 @@ def check_name_format(name: str) -> None:
 def check_args(args) -> None:
     """A ConfigError for the first bad flag value or combination of the parsed command line `args`, or a local
     source that does not exist; nothing for a --dataset command but its own checks (done by TFDS)."""
+    if args.text is not None and not args.from_csv:
+        raise ConfigError(f"--text={args.text} names the text column of --from_csv; for --dataset and the other "
+                          "sources drop it (--from_text_folder reads one text per .txt file).")
     if args.dataset:
         if args.test_fraction is not None:
             raise ConfigError(f"--test_fraction={args.test_fraction} splits your own data (--from_csv, --from_npz, "
@@ -37,9 +40,6 @@ def check_args(args) -> None:
                               "drop it.")
         return
     check_name_format(args.name)
-    if args.text is not None and not args.from_csv:
-        raise ConfigError(f"--text={args.text} names the text column of --from_csv; for the other sources drop it "
-                          "(--from_text_folder reads one text per .txt file).")
     _check_split_flags(args)
     _check_local_sources(args)
 
