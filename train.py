@@ -58,7 +58,7 @@ def _main(argv: list[str]) -> int:
 
     gcs_retries.set_defaults()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
-    for package in ("training", "tpu_utils", "data", "models"):  # Our progress lines; libraries stay at WARNING.
+    for package in ("training", "tpu_utils", "data", "models", "tasks"):  # Our progress lines; libraries: WARNING.
         logging.getLogger(package).setLevel(logging.INFO)
     if not args.preflight:  # On a TPU, before TensorFlow loads: PJRT on v5e and later (tpu_utils/tpu/startup.py).
         from tpu_utils.tpu.startup import prepare_tpu_environment

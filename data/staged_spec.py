@@ -5,7 +5,9 @@ The task follows from the features (one input, one target; the dataset's supervi
 - an Image + a ClassLabel -> ImageClassification: shape and classes from the metadata; pixels scaled by 255 then
   standardised with mean 0.5, std 0.5 (to [-1, 1]), since the metadata holds no pixel statistics;
 - a float vector (Tensor [D]) + a ClassLabel -> TabularClassification; + a float scalar -> TabularRegression
-  (both standardise with the train split's statistics, computed when the run starts).
+  (both standardise with the train split's statistics, computed when the run starts);
+- a Text + a ClassLabel -> TextClassification: tokenised in the graph to 32 token ids, with a vocabulary of up to 998
+  words counted on the train split when the run starts (tasks/text_classification.py); the export serves raw strings.
 Splits: 'train', and 'test' (else 'validation') for evaluation. For anything else (augmentation, other statistics,
 other keys) register a DatasetSpec in data/registry.py; `python -m data.stage` prints one to start from.
 """
@@ -36,6 +38,7 @@ def infer_task(info, dataset: str):
 
     from tasks.image_classification import ImageClassification
     from tasks.tabular import TabularClassification, TabularRegression
+    from tasks.text_classification import TextClassification
 
     features = info.features
     if info.supervised_keys and all(isinstance(key, str) for key in info.supervised_keys[:2]):
@@ -45,8 +48,8 @@ def infer_task(info, dataset: str):
         targets = [key for key, feature in features.items() if _is_target(feature)]
         if len(inputs) != 1 or len(targets) != 1:
             raise ConfigError(f"DATASET={dataset!r}: cannot tell input and target apart among its features "
-                              f"{dict(features.items())}: it needs one image or float vector and one class label or "
-                              "float scalar. Register a DatasetSpec with the task's keys in data/registry.py.")
+                              f"{dict(features.items())}: it needs one image, text or float vector and one class label "
+                              "or float scalar. Register a DatasetSpec with the task's keys in data/registry.py.")
         input_key, target_key = inputs[0], targets[0]
     image, target = features[input_key], features[target_key]
     if isinstance(image, tfds.features.Image) and isinstance(target, tfds.features.ClassLabel):
@@ -57,7 +60,9 @@ def infer_task(info, dataset: str):
         return ImageClassification(num_classes=target.num_classes, image_shape=tuple(image.shape),
                                    mean=(0.5,) * channels, std=(0.5,) * channels, image_key=input_key,
                                    label_key=target_key)
-    if _is_input(image) and not isinstance(image, tfds.features.Image) and len(image.shape) == 1:
+    if isinstance(image, tfds.features.Text) and isinstance(target, tfds.features.ClassLabel):
+        return TextClassification(num_classes=target.num_classes, text_key=input_key, label_key=target_key)
+    if _is_input(image) and not isinstance(image, (tfds.features.Image, tfds.features.Text)) and len(image.shape) == 1:
         if isinstance(target, tfds.features.ClassLabel):
             return TabularClassification(num_features=image.shape[0], num_classes=target.num_classes,
                                          features_key=input_key, label_key=target_key)
@@ -70,7 +75,7 @@ def infer_task(info, dataset: str):
 def _is_input(feature) -> bool:
     import tensorflow_datasets as tfds
 
-    if isinstance(feature, tfds.features.Image):
+    if isinstance(feature, (tfds.features.Image, tfds.features.Text)):
         return True
     return (type(feature) is tfds.features.Tensor and len(feature.shape) == 1
             and np.issubdtype(feature.np_dtype, np.floating))

@@ -6,7 +6,8 @@ padded with 0 to `sequence_length` (static shapes for TPUs; 0 marks padding, whi
 function runs in the input pipeline and in the exported model, which serves raw strings.
 
 The vocabulary is the train split's `max_tokens - 2` most frequent words (ties broken alphabetically), counted when
-the task is bound to the prepared dataset: the same on every host and on resume; or set `vocabulary` by hand.
+the task is bound to the prepared dataset: the same on every host and on resume; or set `vocabulary` by hand. Its size
+and its coverage of the train split's tokens (the share that is not OOV) are logged once, when counted.
 
 The lookup matches a word's 64-bit fingerprint (`tf.strings.to_hash_bucket_fast`, a FarmHash that TensorFlow
 documents never changes) against the vocabulary's sorted fingerprints with `tf.searchsorted`. It needs no lookup
@@ -18,6 +19,7 @@ vocabulary words with one fingerprint are refused when binding (a chance of ~1e-
 import collections
 import dataclasses
 import functools
+import logging
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +28,17 @@ from tasks.base import ClassificationTask, classification_outputs, label_names
 
 PADDING_ID, OOV_ID = 0, 1
 _FINGERPRINT_BUCKETS = 2 ** 63 - 1
+
+log = logging.getLogger(__name__)
+
+
+def _log_vocabulary(size: int, distinct: int, covered: int, total: int, split: str, max_tokens: int) -> None:
+    """Once, when the vocabulary is counted: its size and the share of split's tokens it covers (the rest map to
+    OOV), so a vocabulary too small for the data (low coverage: raise max_tokens) shows before training."""
+    coverage = covered / total if total else 0.0
+    log.info("Text vocabulary: %d words (of %d distinct in split %r; max_tokens=%d keeps up to %d), covering %.1f%% "
+             "of its %d tokens (the rest are out of vocabulary).", size, distinct, split, max_tokens, max_tokens - 2,
+             100 * coverage, total)
 
 
 def standardize(texts: tf.Tensor) -> tf.Tensor:
@@ -83,6 +96,8 @@ class TextClassification(ClassificationTask):
                                          for word in text.split())
             ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:self.max_tokens - 2]
             task = dataclasses.replace(task, vocabulary=tuple(word for word, _ in ranked))
+            _log_vocabulary(len(ranked), len(counts), sum(count for _, count in ranked), counts.total(),
+                            self.train_split, self.max_tokens)
         task._lookup  # noqa: B018 - Refuses a collision now, before anything is built.
         return task
 

@@ -12,7 +12,11 @@ Your own data, as TFDS dataset NAME (then train it with --gin_param="DATASET='tf
   python -m data.stage --name=NAME --data_dir=DIR --from_tfrecord='train=tr-*.tfrecord,test=te-*.tfrecord' \\
       --features='features:float32[8],label:int64'
   python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES  # IMAGES/{train,test}/<class>/*.png
-One file or folder, split for you (seeded, stratified by class; x and y arrays in an .npz, IMAGES/<class>/*.png):
+Text to classify (a text column of a CSV, or one .txt file per example in class folders):
+  python -m data.stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN --text=COL
+  python -m data.stage --name=NAME --data_dir=DIR --from_text_folder=TEXTS    # TEXTS/{train,test}/<class>/*.txt
+One file or folder, split for you (seeded, stratified by class; x and y arrays in an .npz, IMAGES/<class>/*.png,
+TEXTS/<class>/*.txt):
   python -m data.stage --name=NAME --data_dir=DIR --from_csv=data.csv --label=COLUMN --test_fraction=0.2 --seed=0
 
 The bundled digits builder needs no network, registered TFDS datasets download from their source first; ImageNet has
@@ -29,7 +33,7 @@ import logging
 import os
 import sys
 
-SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
+SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder", "from_text_folder")
 # A shipped experiment whose model and settings fit each inferred task: where to start.
 # The small CNN builds for any image size (convolutions, global average pooling), the Transformer takes raw strings.
 STARTING_CONFIGS = {"ImageClassification": "configs/experiments/mnist_cnn.gin",
@@ -88,8 +92,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     own.add_argument("--features", help="with --from_tfrecord: NAME:DTYPE[SHAPE],... (float32, int64, image)")
     own.add_argument("--from_image_folder", help="folder with train/<class>/*.png and test/<class>/*.png (or "
                      "<class>/*.png with --test_fraction)")
-    own.add_argument("--test_fraction", type=float, help="split one CSV, .npz (arrays x, y) or image folder: this "
-                     "share of the examples (0 < F < 1) becomes test, stratified by class")
+    own.add_argument("--from_text_folder", help="folder with train/<class>/*.txt and test/<class>/*.txt, one example "
+                     "per UTF-8 file (or <class>/*.txt with --test_fraction)")
+    own.add_argument("--text", help="with --from_csv: the column holding the text to classify (detected when it is "
+                     "the only column besides --label); the other columns are left out")
+    own.add_argument("--test_fraction", type=float, help="split one CSV, .npz (arrays x, y), image or text folder: "
+                     "this share of the examples (0 < F < 1) becomes test, stratified by class")
     own.add_argument("--seed", type=int, help="with --test_fraction: the seed of the split (default 0)")
     own.add_argument("--label", default="label", help="the label column (CSV) or feature (TFRecord); default label")
     own.add_argument("--label_kind", choices=("auto", "class", "number"), default="auto",

@@ -1,7 +1,7 @@
 """The staged features of data read from a user's own files (data/stage/sources.py, data/stage/images.py), decided
 from the arrays themselves, so every source is described the same way in the TFDS metadata:
 - inputs: a float vector per example -> 'features' (tfds Tensor float32 [D]); uint8 arrays of rank 2 or 3 per
-  example -> 'image' (tfds Image, PNG);
+  example -> 'image' (tfds Image, PNG); one string per example -> 'text' (tfds Text), whose labels must be classes;
 - labels: strings or integers -> 'label' (tfds ClassLabel: the sorted strings, or 0..max); floats -> 'target'
   (a float32 scalar, for regression). `label_kind` ('class' or 'number') overrides the guess.
 """
@@ -30,7 +30,10 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
     first_inputs = next(iter(splits.values()))[0]
     shape = shapes[next(iter(shapes))]
     _check_inputs(first_inputs.dtype, shape)
-    if first_inputs.dtype == np.uint8 and len(shape) in (2, 3):
+    if first_inputs.dtype.kind in "UO" and not shape:
+        input_key, input_feature = "text", tfds.features.Text()
+        convert = lambda inputs: inputs.astype(str)  # noqa: E731
+    elif first_inputs.dtype == np.uint8 and len(shape) in (2, 3):
         input_key, image_shape = "image", shape if len(shape) == 3 else (*shape, 1)
         input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8)
         convert = lambda inputs: inputs.reshape(len(inputs), *image_shape)  # noqa: E731
@@ -43,6 +46,9 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
                           "rows to vectors, or images to uint8.")
     label_key, label_feature, to_ids = _label_feature({split: labels for split, (_, labels) in splits.items()},
                                                       label_kind, class_names)
+    if input_key == "text" and label_key != "label":
+        raise ConfigError("The labels of a text dataset must be classes (text or whole numbers): the shipped text task "
+                          "classifies, it does not regress. Pass --label_kind=class (or auto) and class labels.")
     staged = {split: {input_key: convert(inputs), label_key: to_ids(labels)}
               for split, (inputs, labels) in splits.items()}
     if isinstance(label_feature, tfds.features.ClassLabel):

@@ -4,7 +4,8 @@ to do) from a different one (exit 2: --force rebuilds, or another --name keeps b
 
 The fingerprint is the source kind (--from_npz, --from_csv, ...), the flags that change what is staged (--npz_keys,
 --label, --label_kind, --features, and --test_fraction with --seed, which make the split of one file) and the contents
-per split: the sha256 of the bytes of the .npz, CSV and TFRecord files; for an image folder (often large, perhaps on
+per split: the sha256 of the bytes of the .npz, CSV and TFRecord files (and of a text folder's files, with their
+names); for an image folder (often large, perhaps on
 gs://) only the names, sizes and modification times of the image files, which is cheap but takes a copy of the folder
 (new modification times) for a different source (--force then stages it again). Paths are not compared (the same file,
 moved, is the same source); they name the sources in messages, as does the time of staging. A training run records the
@@ -21,8 +22,9 @@ from data import staged_source
 
 # Per source flag, the flags that change what is staged from it.
 SETTINGS = {"from_npz": ("npz_keys", "label_kind", "test_fraction", "seed"),
-            "from_csv": ("label", "label_kind", "test_fraction", "seed"),
-            "from_tfrecord": ("features", "label", "label_kind"), "from_image_folder": ("test_fraction", "seed")}
+            "from_csv": ("label", "label_kind", "test_fraction", "seed", "text"),
+            "from_tfrecord": ("features", "label", "label_kind"), "from_image_folder": ("test_fraction", "seed"),
+            "from_text_folder": ("test_fraction", "seed")}
 _CHUNK = 1 << 22
 
 
@@ -43,6 +45,8 @@ def of_source(args) -> dict:
     elif kind == "from_tfrecord":
         contents = {split: _sha256(sorted(tf.io.gfile.glob(pattern)))
                     for split, pattern in parse_split_paths(value, "--from_tfrecord").items()}
+    elif kind == "from_text_folder":
+        contents = {"files": _text_listing(value.rstrip("/"), args.test_fraction is not None)}
     else:
         contents = {"files": _image_listing(value.rstrip("/"), args.test_fraction is not None)}
     return {"source": f"--{kind}={value}", "kind": kind,
@@ -76,7 +80,8 @@ def compare(version_dir: str, fingerprint: dict, name: str, data_dir: str) -> bo
         changed = sorted(key for key in {**staged["contents"], **fingerprint["contents"]}
                          if staged["contents"].get(key) != fingerprint["contents"].get(key))
         what = {"from_npz": "the file's contents", "from_image_folder": "the image files (names, sizes or "
-                "modification times)"}.get(fingerprint["kind"], "the contents of split(s) " + ", ".join(changed))
+                "modification times)", "from_text_folder": "the text files (names or contents)"}
+        what = what.get(fingerprint["kind"], "the contents of split(s) " + ", ".join(changed))
         differences += [what] if changed else []
     if not differences:
         return True
@@ -113,4 +118,16 @@ def _image_listing(root: str, whole: bool) -> str:
                 stat = tf.io.gfile.stat(path)
                 relative = relative_to(path, root)
                 total.update(f"{relative}\t{stat.length}\t{stat.mtime_nsec}\n".encode())
+    return total.hexdigest()
+
+
+def _text_listing(root: str, whole: bool) -> str:
+    """sha256 of the text folder's files read by data/stage/text_folder.py: split/class/name and contents of each."""
+    from data.stage.text_folder import list_texts
+
+    total = hashlib.sha256()
+    for _, classes in sorted(list_texts(root, whole).items()):
+        for _, files in sorted(classes.items()):
+            for path in files:
+                total.update(f"{relative_to(path, root)}\t{_sha256([path])}\n".encode())
     return total.hexdigest()

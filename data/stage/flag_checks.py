@@ -30,10 +30,14 @@ def check_name_format(name: str) -> None:
 def check_args(args) -> None:
     """A ConfigError for the first bad flag value or combination of the parsed command line `args`, or a local
     source that does not exist; nothing for a --dataset command but its own checks (done by TFDS)."""
+    if args.text is not None and not args.from_csv:
+        raise ConfigError(f"--text={args.text} names the text column of --from_csv; for --dataset and the other "
+                          "sources drop it (--from_text_folder reads one text per .txt file).")
     if args.dataset:
         if args.test_fraction is not None:
             raise ConfigError(f"--test_fraction={args.test_fraction} splits your own data (--from_csv, --from_npz, "
-                              f"--from_image_folder); --dataset={args.dataset} has its own splits: drop it.")
+                              f"--from_image_folder, --from_text_folder); --dataset={args.dataset} has its own splits: "
+                              "drop it.")
         return
     check_name_format(args.name)
     _check_split_flags(args)
@@ -86,6 +90,10 @@ def _check_local_sources(args) -> None:
                 where = f"--from_csv: {split}={path!r}" if split else f"--from_csv={path!r}"
                 raise ConfigError(f"{where}: {what}. Pass an existing CSV path (local or gs://), e.g. --from_csv="
                                   "data.csv --test_fraction=0.2 or --from_csv=train=train.csv,test=test.csv.")
+    elif args.from_text_folder and _is_local(args.from_text_folder) and not os.path.isdir(args.from_text_folder):
+        raise ConfigError(f"--from_text_folder={args.from_text_folder!r} is not a folder. Pass a folder with "
+                          "DIR/train/<class>/*.txt and DIR/test/<class>/*.txt (or DIR/<class>/*.txt with "
+                          "--test_fraction).")
     elif args.from_image_folder and _is_local(args.from_image_folder) and not os.path.isdir(args.from_image_folder):
         raise ConfigError(f"--from_image_folder={args.from_image_folder!r} is not a folder. Pass a folder with "
                           "DIR/train/<class>/*.png and DIR/test/<class>/*.png (or DIR/<class>/*.png with "

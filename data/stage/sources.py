@@ -1,5 +1,6 @@
-"""Data a user already has, read into columns per split: NumPy `.npz` arrays, CSV files, TFRecord files of
-tf.train.Example (with a feature spec) and image folders (data/stage/images.py).
+"""Data a user already has, read into columns per split: NumPy `.npz` arrays, TFRecord files of tf.train.Example (with a
+feature spec), CSV files (data/stage/csv_source.py), image folders (data/stage/images.py) and text folders
+(data/stage/text_folder.py).
 
 Each reader returns `{split: (inputs, labels)}` (NumPy arrays, one row per example); `columns()`
 (data/stage/columns.py) then decides the staged features from the arrays themselves, so every source is described the
@@ -8,7 +9,6 @@ Everything is read into host memory (sizes a laptop holds); for larger data writ
 (data/digits/digits_dataset_builder.py is the example). Every bad input is a ConfigError that names it and the fix.
 """
 
-import csv
 import io
 import re
 
@@ -100,91 +100,6 @@ def read_npz(path: str, keys: str | None, whole: bool = False) -> dict:
     if not whole:
         check_splits(splits, f"--from_npz={path!r}")
     return splits
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def read_csv(paths: dict[str, str], label: str) -> dict:
-    """Per split, a CSV file with a header row: the `label` column and numeric feature columns (the caller checks
-    the split names: one file is split 'all', which --test_fraction splits)."""
-    import tensorflow as tf
-
-    splits, header = {}, None
-    for split, path in paths.items():
-        if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
-            what = "a folder, not a file" if tf.io.gfile.exists(path) else "no such file"
-            where = f"--from_csv={path!r}" if split == "all" else f"--from_csv: {split}={path!r}"
-            raise ConfigError(f"{where}: {what}. Pass an existing CSV path (local or gs://), "
-                              "e.g. --from_csv=train=train.csv,test=test.csv.")
-        rows = _read_csv_rows(path)
-        if not rows or label not in rows[0]:
-            raise ConfigError(f"--label={label!r} is not a column of {path} (columns: {rows[0] if rows else []}); "
-                              "pass --label=<the column to predict>.")
-        if header is not None and rows[0] != header:
-            raise ConfigError(f"{path} has the columns {rows[0]}, the other split {header}: give every split the "
-                              "same header.")
-        header = rows[0]
-        index = header.index(label)
-        values, labels = [], []
-        for number, row in enumerate(rows[1:], start=2):
-            if len(row) != len(header):
-                raise ConfigError(f"{path}, line {number}: {len(row)} fields, the header has {len(header)}. Fix or "
-                                  "remove that line (a value with a comma needs quotes).")
-            cells = [(name, cell) for position, (name, cell) in enumerate(zip(header, row, strict=True))
-                     if position != index]
-            empty = [name for name, cell in cells if not cell.strip()]
-            if empty or not row[index].strip():
-                raise ConfigError(f"{path}, line {number}: no value in column(s) {empty or [label]}. Fill the missing "
-                                  "values in or drop those rows (every example needs every column).")
-            try:
-                values.append([float(cell) for _, cell in cells])
-            except ValueError:
-                name, cell = next((name, cell) for name, cell in cells if not _is_number(cell))
-                raise ConfigError(f"{path}, line {number}: column {name!r} holds {cell!r}, not a number. Feature "
-                                  "columns must be numbers: drop or encode that column (or fix the value).") from None
-            labels.append(row[index])
-        splits[split] = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
-        check_finite(splits[split][0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)
-        check_finite(splits[split][1], f"--from_csv: {path}", split, [label], 2)
-    return splits
-
-
-def _read_csv_rows(path: str) -> list[list[str]]:
-    """The non-empty rows of the CSV file `path`; a ConfigError for a file that is not UTF-8 text (Latin-1, a
-    spreadsheet's binary format, a compressed file), which Python's csv module would fail on with a traceback."""
-    import tensorflow as tf
-
-    try:
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            text = handle.read().decode("utf-8-sig")  # -sig: Excel's "CSV UTF-8" starts with a byte-order mark.
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"--from_csv: {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset "
-                          f"{error.start}): save it as CSV in UTF-8 (e.g. iconv -f latin1 -t utf-8, or the "
-                          "spreadsheet's 'CSV UTF-8' format).") from None
-    if "\0" in text:
-        raise ConfigError(f"--from_csv: {path} holds NUL bytes, so it is not a text CSV file (a binary or compressed "
-                          "file?): export it as CSV in UTF-8.")
-    try:
-        return [row for row in csv.reader(io.StringIO(text, newline="")) if row]
-    except csv.Error as error:
-        raise ConfigError(f"--from_csv: {path} is not a readable CSV file ({error}): export it as CSV in UTF-8.") \
-            from None
-
-
-def _label_array(labels: list[str]) -> np.ndarray:
-    """CSV label cells as ints, floats or strings, whichever all of them are."""
-    for kind in (int, float):
-        try:
-            return np.asarray([kind(value) for value in labels])
-        except ValueError:
-            continue
-    return np.asarray(labels)
 
 
 def parse_feature_spec(spec: str) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -2,8 +2,8 @@
 `tfds.dataset_builders.store_as_tfds_dataset`: the shards, the features and the split sizes land in the standard
 layout (`DATA_DIR/NAME/1.0.0/`), so `DATASET='tfds:NAME'` trains from it with no builder code (data/staged_spec.py).
 
-The sources are read and checked first (data/stage/sources.py, data/stage/images.py) and their features decided
-(data/stage/columns.py); only then is anything written.
+The sources are read and checked first (data/stage/sources.py, csv_source.py, images.py, text_folder.py) and their
+features decided (data/stage/columns.py); only then is anything written.
 A dataset already there is left alone unless `force`, which deletes that version and stores it anew; a fingerprint of
 its source (data/stage/fingerprint.py), written last, tells whether it was staged from the same source.
 """
@@ -55,13 +55,19 @@ def read_source(args) -> tuple:
         paths = ({"all": args.from_csv} if whole else own_sources.parse_split_paths(args.from_csv, "--from_csv"))
         if not whole:
             own_sources.check_splits(paths, "--from_csv")
-        splits = own_sources.read_csv(paths, args.label)
+        from data.stage.csv_source import read_csv
+
+        splits = read_csv(paths, args.label, args.text)
     elif args.from_tfrecord:
         if not args.features:
             raise ConfigError("--from_tfrecord needs --features, the stored features' names, dtypes and shapes, e.g. "
                               "--features='features:float32[8],label:int64'.")
         splits = own_sources.read_tfrecords(own_sources.parse_split_paths(args.from_tfrecord, "--from_tfrecord"),
                                             args.features, args.label)
+    elif args.from_text_folder:
+        from data.stage.text_folder import read_text_folder
+
+        splits, class_names = read_text_folder(args.from_text_folder.rstrip("/"), whole=whole)
     else:
         from data.stage.images import read_image_folder
 
@@ -75,8 +81,8 @@ def read_source(args) -> tuple:
             split_note = " " + own_split.describe(args.test_fraction, seed, by_class, splits)
         return (*columns(splits, args.label_kind, class_names), split_note)
     except ConfigError as error:  # About the arrays read: named by the source they were read from.
-        flag = next(flag for flag in ("from_npz", "from_csv", "from_tfrecord", "from_image_folder")
-                    if getattr(args, flag))
+        flag = next(flag for flag in ("from_npz", "from_csv", "from_tfrecord", "from_image_folder",
+                                      "from_text_folder") if getattr(args, flag))
         raise ConfigError(f"--{flag}={getattr(args, flag)}: {error}") from None
 
 
