@@ -6,6 +6,7 @@ does). The replica-invariance check (tools/replica_invariance.py) builds Trainer
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Collection
 
 import keras
@@ -25,6 +26,8 @@ from training.learning.metrics import make_metrics
 from training.learning.optimizers import make_optimizer
 from training.variable_selection import freeze, frozen_layer_variables
 from training.warm_start import warm_start
+
+log = logging.getLogger(__name__)
 
 # MODEL name -> the arguments of its builder bound outside the Trainer's model_options (by gin).
 BoundArguments = Callable[[str], Collection[str]]
@@ -74,6 +77,9 @@ class Trainer:
             # experiment.trainable / frozen: the variables the optimizer builds slots for and updates.
             self.trainable_variables, self.frozen_variables = freeze(self.model, trainable=config.trainable,
                                                                      frozen=config.frozen)
+            if self.frozen_variables:
+                log.info("Frozen (experiment.trainable/frozen; not trained): %s.",
+                         ", ".join(variable.path for variable in self.frozen_variables))
             self.optimizer.build(self.trainable_variables)  # Before tracing and before restoring.
             # Global batches consumed: positions the data on resume. Not optimizer.iterations, which does not
             # count a step that loss scaling skipped.
