@@ -182,10 +182,15 @@ def test_frozen_variables_stay_bit_identical_while_the_others_train(small_config
     assert all(not np.array_equal(variable.numpy(), start[variable.path]) for variable in plain.model.variables)
 
 
-def test_a_freezing_pattern_that_matches_nothing_is_refused(small_config):
+def test_bad_patterns_and_settings_are_refused_before_training(small_config):
     with pytest.raises(ConfigError, match=r"experiment.frozen: the pattern 'conv' matches no variable"):
         Trainer(small_config(model="cnn", frozen=("conv",)), make_strategy("default"))
     with pytest.raises(ConfigError, match="leave no variable to train"):
         Trainer(small_config(model="mlp", frozen=("*",)), make_strategy("default"))
     with pytest.raises(ConfigError, match="INIT_FROM is None"):
         small_config(init_exclude=("logits",))
+    with pytest.raises(ConfigError, match=r"experiment.frozen: the pattern 're:\(' is not a regular expression"):
+        small_config(frozen=("re:(",))
+    with pytest.raises(ConfigError, match=r"a .keras model file is not read; save its weights"):
+        small_config(init_from="model.keras")
+    assert small_config(frozen=["re:logits/.*"]).frozen == ("re:logits/.*",)  # A gin list, kept as a tuple.
