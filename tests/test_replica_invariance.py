@@ -45,6 +45,8 @@ CASES = {
     "cnn-sgd": (DEFAULT, (), REPLICAS),
     "cnn-adam-dropout": (DEFAULT, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "cnn.dropout_rate=0.3"),
                          REPLICAS),
+    # Freezing (training/variable_selection.py): the convolutions and BatchNormalization (inference mode) fixed.
+    "cnn-sgd-frozen-backbone": (DEFAULT, ("experiment.frozen=['conv2d*', 'batch_normalization*']",), REPLICAS),
     "cnn-adamw": (DEFAULT, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001"), REPLICAS),
     "mlp-sgd-dropout": (MLP, ("mlp.dropout_rate=0.3",), REPLICAS),
     "mlp-adam": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001"), REPLICAS),

@@ -10,6 +10,7 @@ import math
 
 from common.errors import ConfigError
 from training.run_directory.storage_guard import DEFAULT_TIMEOUT_SECONDS
+from training.variable_selection import check_patterns
 
 # The fields configs/base.gin binds to a macro of the same name in upper case (docs/configuration.md, "Macros"): an
 # error names them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py
@@ -17,8 +18,7 @@ from training.run_directory.storage_guard import DEFAULT_TIMEOUT_SECONDS
 MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "global_batch_size",
                           "train_steps", "steps_per_loop", "accumulate_steps", "checkpoint_every", "eval_every",
                           "learning_rate", "precision", "seed", "best_metric", "best_mode", "early_stop_patience",
-                          "profile_steps",
-                          "profiler_port"})
+                          "profile_steps", "profiler_port", "init_from"})
 # A sensible value per integer field without a default, for the "e.g." of an error.
 _INT_EXAMPLES = {"global_batch_size": 128, "train_steps": 1000, "steps_per_loop": 100, "checkpoint_every": 1000,
                  "eval_every": 1000, "eval_batch_size": 128, "profiler_port": 6009}
@@ -85,6 +85,15 @@ class ExperimentConfig:
     export_tflite: bool = False
     # Observers (training/observers/standard.py OBSERVERS) called after the standard ones, e.g. your own logger.
     observers: tuple[str, ...] = ()
+    # Warm start (training/warm_start.py): another run's model_dir, a checkpoint prefix or a .weights.h5, used only
+    # while model_dir has no checkpoint of its own; None = random initial weights.
+    init_from: str | None = None
+    # Variable-path patterns (training/variable_selection.py): which variables INIT_FROM loads (empty = all) ...
+    init_include: tuple[str, ...] = ()
+    init_exclude: tuple[str, ...] = ()
+    # ... and which ones training updates (empty = all trainable ones); the others stay as loaded.
+    trainable: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.
@@ -96,6 +105,7 @@ class ExperimentConfig:
             raise ConfigError(f"experiment.observers={self.observers!r} must be a list of observer names, e.g. "
                               "--gin_param=\"experiment.observers=['my_logger']\".")
         object.__setattr__(self, "observers", tuple(self.observers))
+        self._check_warm_start()
         # Checked here, before the strategy is made (minutes on a TPU), not when the controller first needs them.
         if self.best_mode not in ("max", "min", "auto"):
             raise ConfigError(f"BEST_MODE={self.best_mode!r} must be 'max', 'min' or 'auto'; e.g. "
@@ -170,6 +180,21 @@ class ExperimentConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"PRECISION={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}; e.g. "
                               f"{how_to_set('precision', 'float32')}.")
+
+    def _check_warm_start(self) -> None:
+        """INIT_FROM and the variable patterns: strings, patterns only with a source to load (before any build)."""
+        for name in ("init_include", "init_exclude", "trainable", "frozen"):
+            object.__setattr__(self, name, check_patterns(f"experiment.{name}", getattr(self, name)))
+        if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from.strip()):
+            raise ConfigError(f"INIT_FROM={self.init_from!r} must be a path (a run's model_dir, a checkpoint prefix "
+                              "or a .weights.h5 file, local or gs://) or None; e.g. "
+                              f"{how_to_set('init_from', 'runs/pretrain')}.")
+        if isinstance(self.init_from, str) and self.init_from.endswith(".keras"):
+            raise ConfigError(f"INIT_FROM={self.init_from!r}: a .keras model file is not read; save its weights "
+                              "(keras.saving.load_model(path).save_weights('model.weights.h5')) and give that file.")
+        if self.init_from is None and (self.init_include or self.init_exclude):
+            raise ConfigError("experiment.init_include/init_exclude are set but INIT_FROM is None: set INIT_FROM, e.g. "
+                              f"{how_to_set('init_from', 'runs/pretrain')}, or drop them.")
 
     def eval_batch_for(self, num_replicas: int) -> int:
         """The global eval batch on `num_replicas` replicas: eval_batch_size if set, else GLOBAL_BATCH_SIZE rounded

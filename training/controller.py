@@ -102,10 +102,10 @@ class Controller:
         self._saved_step = step
 
     def restore(self, *, writable: bool = True) -> int:
-        """Restores the newest intact checkpoint if there is one (after checking it belongs to this run); returns
-        the step. Damaged newer checkpoints are skipped with a warning; none intact among files is exit 2. The chief
-        of a run that may write model_dir first removes what a killed run left there
-        (training/run_directory/leftovers.py)."""
+        """Restores the newest intact checkpoint if there is one (after checking it belongs to this run), else warm
+        starts from INIT_FROM if set (training/warm_start.py); returns the step. Damaged newer checkpoints are
+        skipped with a warning; none intact among files is exit 2. The chief of a run that may write model_dir first
+        removes what a killed run left there (training/run_directory/leftovers.py)."""
         if writable and self.run_dir.is_chief:
             remove_leftovers(self.run_dir.model_dir)
         latest = self.store.find_restorable(writable=writable and self.run_dir.is_chief)
@@ -124,6 +124,10 @@ class Controller:
                                                           model_dir=self.run_dir.model_dir) from error
             self._saved_step = self.trainer.step
             log.info("Resumed from %s at step %d.", latest, self.trainer.step)
+            if self.config.init_from:
+                log.info("INIT_FROM=%r not used: this run resumes from its own checkpoint.", self.config.init_from)
+        elif self.config.init_from:  # A new run: model variables from INIT_FROM; optimizer and step stay new.
+            self.trainer.warm_start()
         if self.best is not None:
             self.best.resume(writable=writable and self.run_dir.is_chief)
         self.history.resume(self.trainer.step, rewrite=writable)

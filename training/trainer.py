@@ -6,6 +6,7 @@ does). The replica-invariance check (tools/replica_invariance.py) builds Trainer
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Collection
 
 import keras
@@ -23,6 +24,10 @@ from training.learning import accumulation, step
 from training.learning.losses import check_per_example_losses, get_loss
 from training.learning.metrics import make_metrics
 from training.learning.optimizers import make_optimizer
+from training.variable_selection import freeze, frozen_layer_variables
+from training.warm_start import warm_start
+
+log = logging.getLogger(__name__)
 
 # MODEL name -> the arguments of its builder bound outside the Trainer's model_options (by gin).
 BoundArguments = Callable[[str], Collection[str]]
@@ -69,7 +74,13 @@ class Trainer:
                                             schedule=config.lr_schedule, train_steps=config.train_steps)
             if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-            self.optimizer.build(self.model.trainable_variables)  # Before tracing and before restoring.
+            # experiment.trainable / frozen: the variables the optimizer builds slots for and updates.
+            self.trainable_variables, self.frozen_variables = freeze(self.model, trainable=config.trainable,
+                                                                     frozen=config.frozen)
+            if self.frozen_variables:
+                log.info("Frozen (experiment.trainable/frozen; not trained): %s.",
+                         ", ".join(variable.path for variable in self.frozen_variables))
+            self.optimizer.build(self.trainable_variables)  # Before tracing and before restoring.
             # Global batches consumed: positions the data on resume. Not optimizer.iterations, which does not
             # count a step that loss scaling skipped.
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
@@ -83,12 +94,16 @@ class Trainer:
             accumulation.make_accumulating_train_step, accumulate_steps=config.accumulate_steps)
         self.train_step = make_step(self.model, self.optimizer, loss_fn, global_batch_size=config.global_batch_size,
                                     clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
-                                    seed=config.seed)
+                                    seed=config.seed, variables=self.trainable_variables)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, metrics=self.eval_metrics)
         # The training loss is the data loss, as in evaluation; the regularization term is reported apart.
         self._train_outputs = ("loss", "regularization") if self.model.losses else ("loss",)
+        replica_local = self.model.non_trainable_variables
+        if self.frozen_variables:  # Frozen layers' variables never change: averaging them could only round them.
+            unchanging = frozen_layer_variables(self.model)
+            replica_local = [variable for variable in replica_local if id(variable) not in unchanging]
         self._train_loop = loop.make_train_loop(
-            strategy, self.train_step, self.global_step, self.model.non_trainable_variables,
+            strategy, self.train_step, self.global_step, replica_local,
             outputs=self._train_outputs, accumulate_dtype=tf.float64 if config.precision == "float64" else tf.float32)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
         self.eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(
@@ -97,6 +112,11 @@ class Trainer:
         _, target_spec, _ = self.eval_input_fn(tf.distribute.InputContext()).element_spec
         check_per_example_losses(loss_fn, config.loss or self.task.default_loss, target_spec, self.model.output)
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
+
+    def warm_start(self) -> dict:
+        """Loads the model variables from INIT_FROM (training/warm_start.py); the optimizer and the step stay new."""
+        return warm_start(self.model, self.config.init_from, include=self.config.init_include,
+                          exclude=self.config.init_exclude)
 
     def restore(self, checkpoint_path: str) -> None:
         """Restores model, optimizer and step from `checkpoint_path`, keeping the configured learning rate.

@@ -41,12 +41,12 @@ def split_into_micro_batches(batch, accumulate_steps: int):
 
 def make_accumulating_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *,
                                  global_batch_size: int, accumulate_steps: int, clip_global_norm: float | None,
-                                 metrics: list, seed: int):
+                                 metrics: list, seed: int, variables: list | None = None):
     """Returns train_step((features, labels, positions)) -> {'loss', 'regularization'} like step.make_train_step's,
-    from `accumulate_steps` micro-batches of the replica's batch (see the module docstring)."""
+    from `accumulate_steps` micro-batches of the replica's batch (see the module docstring); `variables` as there."""
     step.disable_implicit_gradient_sum(optimizer)
     loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    variables = model.trainable_variables
+    variables = model.trainable_variables if variables is None else list(variables)
 
     def scaled(loss):
         return optimizer.scale_loss(loss) if loss_scaling else loss

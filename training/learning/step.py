@@ -96,13 +96,15 @@ def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed:
 
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *, global_batch_size: int,
-                    clip_global_norm: float | None, metrics: list, seed: int):
+                    clip_global_norm: float | None, metrics: list, seed: int, variables: list | None = None):
     """Returns train_step((features, labels, positions)) -> {'loss', 'regularization'}: this replica's shares of the
     global data loss and of the regularization term, for `strategy.run` (their SUMs over replicas are the global
     values). `positions` are the examples' training-stream positions: with `seed` they key the dropout masks
-    (models/layers.py), so a mask belongs to an example, not to a replica."""
+    (models/layers.py), so a mask belongs to an example, not to a replica. `variables`: the ones to update (the
+    Trainer's, without the frozen ones); None = model.trainable_variables."""
     disable_implicit_gradient_sum(optimizer)
     loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    variables = model.trainable_variables if variables is None else list(variables)
 
     def train_step(batch):
         _, labels, _ = batch
@@ -111,7 +113,6 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
                                                    seed=seed)
             total = loss + tf.cast(regularization, loss.dtype)
             scaled_loss = optimizer.scale_loss(total) if loss_scaling else total
-        variables = model.trainable_variables
         clip_norm = None
         if clip_global_norm:  # Under loss scaling the gradients are scaled too: so is the norm to clip them at.
             clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
