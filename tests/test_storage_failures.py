@@ -185,7 +185,7 @@ def test_a_gcs_lock_whose_heartbeat_stopped_is_waited_for_then_taken_over(gcs, g
 HISTORY_UNDER_A_SIZE_LIMIT = textwrap.dedent("""
     import os, resource, signal, sys
     from training.run_directory.history import History
-    from training.run_directory import RunDirectory
+    from training.run_directory.layout import RunDirectory
     from training.observers.summaries import Summaries
 
     run_dir = RunDirectory(sys.argv[1])
