@@ -118,7 +118,7 @@ def test_the_listing_check_reports_the_old_export_copy(tmp_path):
     (tmp_path / "training" / "export.py").write_text(
         "import tensorflow as tf\n\n\ndef _move(source, target):\n"
         "    return [f'{folder}/{name}' for folder, _, names in tf.io.gfile.walk(source) for name in names]\n")
-    assert listing_calls(str(tmp_path)) == ["training/run_directory/export.py:5 tf.io.gfile.walk"]
+    assert listing_calls(str(tmp_path)) == ["training/export.py:5 tf.io.gfile.walk"]
 
 
 @pytest.mark.parametrize("backend", ["memory", "filesystem"])
