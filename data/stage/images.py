@@ -7,6 +7,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.storage_paths import join, list_folder
+from data.stage.class_folders import checked_class_names
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 
@@ -47,16 +48,9 @@ def read_image_folder(root: str, whole: bool = False) -> tuple[dict, list[str]]:
     import tensorflow as tf
 
     listing = list_images(root, whole)
-    class_names = sorted({name for classes in listing.values() for name in classes})
-    if len(class_names) < 2:
-        raise ConfigError(f"--from_image_folder={root!r} has the classes {class_names}; classification needs at "
-                          "least two class sub-folders per split (DIR/train/<class>/).")
-    empty = [join(root, "" if whole else split, name) for split, classes in listing.items()
-             for name, files in classes.items() if not files]
-    if empty:  # Its class would be staged with no examples (or, in an evaluation split, one that is never tested).
-        raise ConfigError(f"--from_image_folder: the class folder {empty[0]} has no {'/'.join(IMAGE_EXTENSIONS)} "
-                          f"images{f' (nor do {len(empty) - 1} more)' if len(empty) > 1 else ''}. Put its images "
-                          "in, or remove the folder.")
+    class_names = checked_class_names(listing, root, whole, flag="--from_image_folder",
+                                      no_files=f"no {'/'.join(IMAGE_EXTENSIONS)} images",
+                                      fix="Put its images in, or remove the folder.")
     splits, shapes = {}, {}
     for split, classes in listing.items():
         images, labels = [], []

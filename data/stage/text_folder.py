@@ -9,6 +9,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.storage_paths import join, list_folder
+from data.stage.class_folders import checked_class_names
 
 TEXT_EXTENSIONS = (".txt",)
 _LAYOUT = "DIR/train/<class>/*.txt and DIR/test/<class>/*.txt (or DIR/<class>/*.txt with --test_fraction)"
@@ -47,16 +48,8 @@ def list_texts(root: str, whole: bool = False) -> dict[str, dict[str, list[str]]
 def read_text_folder(root: str, whole: bool = False) -> tuple[dict, list[str]]:
     """({split: (texts [N] str, class ids [N])}, class names) of the folder `root` (see list_texts)."""
     listing = list_texts(root, whole)
-    class_names = sorted({name for classes in listing.values() for name in classes})
-    if len(class_names) < 2:
-        raise ConfigError(f"--from_text_folder={root!r} has the classes {class_names}; classification needs at "
-                          "least two class sub-folders per split (DIR/train/<class>/).")
-    empty = [join(root, "" if whole else split, name) for split, classes in listing.items()
-             for name, files in classes.items() if not files]
-    if empty:  # Its class would be staged with no examples (or, in an evaluation split, one that is never tested).
-        raise ConfigError(f"--from_text_folder: the class folder {empty[0]} has no .txt files"
-                          f"{f' (nor do {len(empty) - 1} more)' if len(empty) > 1 else ''}. Put its texts in (one "
-                          "example per .txt file), or remove the folder.")
+    class_names = checked_class_names(listing, root, whole, flag="--from_text_folder", no_files="no .txt files",
+                                      fix="Put its texts in (one example per .txt file), or remove the folder.")
     splits = {}
     for split, classes in listing.items():
         texts, labels = [], []
