@@ -65,9 +65,11 @@ def infer_task(info, dataset: str):
     if _is_input(image) and not isinstance(image, (tfds.features.Image, tfds.features.Text)) and len(image.shape) == 1:
         if isinstance(target, tfds.features.ClassLabel):
             return TabularClassification(num_features=image.shape[0], num_classes=target.num_classes,
-                                         features_key=input_key, label_key=target_key)
+                                         features_key=input_key, label_key=target_key,
+                                         feature_names=staged_feature_names(image))
         if _is_target(target):
-            return TabularRegression(num_features=image.shape[0], features_key=input_key, label_key=target_key)
+            return TabularRegression(num_features=image.shape[0], features_key=input_key, label_key=target_key,
+                                     feature_names=staged_feature_names(image))
     raise ConfigError(f"DATASET={dataset!r}: no task fits the input {input_key!r} ({image}) and target "
                       f"{target_key!r} ({target}); register a DatasetSpec with a task in data/registry.py.")
 
@@ -98,3 +100,35 @@ def registry_lines(dataset: str, spec) -> str:
     return (f'    "{dataset}": DatasetSpec(tfds_name="{spec.tfds_name}", train_split="{spec.train_split}", '
             f'eval_split="{spec.eval_split}",\n'
             f"        task={type(task).__name__}({settings})),")
+
+
+# How `python -m data.stage` keeps a CSV's column names in the TFDS metadata: the 'features' Tensor's documentation
+# (features.json, "description"), read back into the tabular task's feature_names, so the export's serving metadata
+# and `python -m tools.predict` read a CSV by the header it was staged from.
+_FEATURE_NAMES_PREFIX = "Feature columns, in order: "
+
+
+def feature_names_doc(names: list[str]):
+    """The tfds Documentation that records `names`."""
+    import json
+
+    import tensorflow_datasets as tfds
+
+    return tfds.features.Documentation(desc=_FEATURE_NAMES_PREFIX + json.dumps(list(names)))
+
+
+def staged_feature_names(feature) -> tuple[str, ...] | None:
+    """The column names recorded in `feature`'s documentation, if it holds them, one per value; else None (staged
+    from an npz or TFRecords, or before the names were kept: feature_0, feature_1, ...)."""
+    import json
+
+    description = getattr(getattr(feature, "doc", None), "desc", "") or ""
+    if not description.startswith(_FEATURE_NAMES_PREFIX):
+        return None
+    try:
+        names = json.loads(description[len(_FEATURE_NAMES_PREFIX):])
+    except ValueError:
+        return None
+    valid = isinstance(names, list) and all(isinstance(name, str) for name in names) and \
+        len(names) == feature.shape[0] and len(set(names)) == len(names)
+    return tuple(names) if valid else None

@@ -1,6 +1,6 @@
 """tools.compare on run directories written here by hand (no training): the best row ranks by the mode the run
 recorded, and a corrupt metrics.json or a --plot path that cannot be written is one error line naming the file and
-the fix (exit 2)."""
+the fix (exit 2), as is a --metric no run recorded."""
 
 import json
 import os
@@ -47,3 +47,23 @@ def test_a_plot_path_that_cannot_be_written_names_it(tmp_path, capsys):
     assert "best eval/perplexity" in captured.out  # The table was printed first.
     assert captured.err.strip().startswith(f"error: --plot={target!r} cannot be written (") and \
         "pass a path in a folder that exists" in captured.err, captured.err
+
+
+def test_a_metric_no_run_recorded_is_exit_2_naming_the_recorded_ones(tmp_path, capsys):
+    """A typo in --metric used to print a row of dashes and exit 0; the recorded name (the negative control) ranks."""
+    runs = [_run_dir(tmp_path, "a"), _run_dir(tmp_path, "bb")]
+    assert compare.main([*runs, "--metric=eval/acuracy"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == ("error: --metric=eval/acuracy was not recorded by any of these runs; they "
+                                    "recorded eval/perplexity. Pass one of those."), captured.err
+    assert compare.main([*runs, "--metric=eval/perplexity"]) == 0
+
+
+def test_the_usage_line_names_the_command_to_type(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main(["--no_such_flag"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: python -m tools.compare ")

@@ -118,6 +118,28 @@ def test_each_staged_source_trains_by_name(staged, tmp_path, name):
         outputs = served(features=tf.constant(rows))
         assert np.mean(outputs["classes"].numpy() == labels) >= 0.85
         assert set(outputs["class_names"].numpy().tolist()) <= {b"0", b"1"}
+    if name == "own_csv":  # The CSV's column names are kept: the file it was staged from predicts as it is.
+        _predict_from_the_staged_csv(staged, model_dir, tmp_path)
+
+
+def _predict_from_the_staged_csv(staged, model_dir: str, tmp_path) -> None:
+    """tools.predict on the staged test.csv (header a,b,c,d,price; the label column ignored) gives what the signature
+    gives on its feature rows (1e-5 relative); serving_metadata.json names the columns. The negative control: a
+    header without those names is refused."""
+    from tools import predict
+
+    export = f"{model_dir}/export/60"
+    metadata = json.load(open(f"{export}/assets.extra/serving_metadata.json"))
+    assert metadata["feature_names"] == ["a", "b", "c", "d"], metadata
+    out = tmp_path / "predictions.jsonl"
+    assert predict.main([f"--export={export}", f"--input={staged['root']}/test.csv", f"--output={out}"]) == 0
+    predicted = np.array([json.loads(line)["predictions"] for line in out.read_text().splitlines()]).reshape(-1)
+    rows = np.loadtxt(staged["root"] / "test.csv", delimiter=",", skiprows=1, dtype=np.float32)[:, :4]
+    served = tf.saved_model.load(export).signatures["serving_default"]
+    expected = served(features=tf.constant(rows))["predictions"].numpy().reshape(-1)
+    assert len(predicted) == 100 and np.max(np.abs(predicted - expected) / np.maximum(np.abs(expected), 1e-6)) <= 1e-5
+    (tmp_path / "renamed.csv").write_text("w,x,y,z,price\n1,2,3,4,5\n")
+    assert predict.main([f"--export={export}", f"--input={tmp_path / 'renamed.csv'}"]) == 2
 
 
 def test_a_second_stage_does_nothing_and_force_rebuilds(staged, capsys):

@@ -60,6 +60,15 @@ def test_a_bad_data_stage_flag_exits_2_in_one_line_before_tensorflow_loads(tmp_p
     assert not os.path.exists(tmp_path / "tfds"), case
 
 
+def test_an_unknown_data_stage_flag_shows_the_command_to_type(tmp_path):
+    """argparse's usage line names `python -m data.stage`, not `__main__.py`, and comes before TensorFlow loads."""
+    result, seconds = _timed("-m", "data.stage", f"--data_dir={tmp_path}", "--from_cvs=a.csv")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith("usage: python -m data.stage ") and \
+        "unrecognized arguments: --from_cvs=a.csv" in result.stderr, result.stderr[-2000:]
+    assert seconds < FAST_SECONDS, seconds
+
+
 def test_the_data_stage_checks_do_not_import_tensorflow(tmp_path):
     """In a fresh interpreter: parsing and checking a good command line (files present) loads no TensorFlow, and
     a bad one is refused without it either (the negative control: the reader, which refused it before, loads it)."""

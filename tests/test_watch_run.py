@@ -43,7 +43,7 @@ def test_the_eta_is_the_remaining_steps_over_the_moving_average_without_the_firs
     from training.observers.progress import WINDOW, Progress
 
     now = [0.0]
-    progress = Progress(1000, 64, enabled=False, interactive=False, clock=lambda: now[0])
+    progress = Progress(1000, 64, interactive=False, clock=lambda: now[0])
     with progress.active(0):
         now[0] += 60.0  # The first loop compiles: 60 s for 100 steps, which must not count.
         progress.loop_done(100, 100, 60.0, {"loss": 1.0}, 0.1)

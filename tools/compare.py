@@ -74,6 +74,11 @@ def default_metric(runs: list[Run]) -> str:
     return "eval/loss"
 
 
+def recorded_metrics(runs: list[Run]) -> set[str]:
+    """Every 'eval/NAME' that at least one run evaluated (metrics.jsonl)."""
+    return {f"eval/{name}" for run in runs for record in run.evals for name in record["metrics"]}
+
+
 def recorded_mode(runs: list[Run], metric: str) -> str | None:
     """The mode ('max' or 'min') a run kept its best `metric` by (metrics.json "best", from BEST_MODE), if any."""
     for run in runs:
@@ -143,7 +148,8 @@ def _number(value) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run directories (model_dir), local or gs://")
     parser.add_argument("--metric", default=None, help="'eval/NAME' to rank by (default: the runs' BEST_METRIC, "
                                                        "else eval/loss)")
@@ -156,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     labels = [run.path for run in runs]
+    if args.metric is not None:
+        recorded = recorded_metrics(runs)
+        if args.metric not in recorded:
+            print(f"error: --metric={args.metric} was not recorded by any of these runs; they recorded "
+                  f"{', '.join(sorted(recorded)) or 'no evaluation'}. Pass one of those.", file=sys.stderr)
+            return 2
     print(table(runs, labels, args.metric or default_metric(runs)), flush=True)
     if args.plot:
         try:

@@ -95,7 +95,7 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
             accumulate: list[int] | None = None) -> tuple[list[ReplicaRun], Probe]:
     """Trains `config` for `steps` steps at each replica count (and, with `accumulate`, at each ACCUMULATE_STEPS of
     it for each replica count); returns the runs (compared to the first) and the probe's settings.
-    `bound_arguments`: as the Trainer takes it (the model arguments gin binds)."""
+    `bound_arguments`: as the Trainer takes it (the model arguments gin binds; None: nothing bound)."""
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(max(replica_counts))
@@ -130,11 +130,11 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
 
 def _trainer(config: ExperimentConfig, replicas: int, model_options: dict, bound_arguments) -> Trainer:
     from tpu_utils.strategy import make_strategy
-    from training.trainer import Trainer
+    from training.trainer import Trainer, nothing_bound
 
     return Trainer(dataclasses.replace(config, virtual_devices=replicas),
                    make_strategy("mirrored", virtual_devices=replicas), model_options=model_options,
-                   **({"bound_arguments": bound_arguments} if bound_arguments else {}))
+                   bound_arguments=bound_arguments or nothing_bound)
 
 
 def initial_gradient_norm(trainer: Trainer) -> float:
@@ -207,7 +207,8 @@ def default_steps() -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.replica_invariance", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gin_file", action="append", default=None)
     parser.add_argument("--gin_param", action="append", default=[])
     parser.add_argument("--replicas", default="1,2,4,8", help="comma-separated; the first is the reference")

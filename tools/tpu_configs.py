@@ -60,7 +60,8 @@ def declared_replicas(path: str, repo_root: str = ".") -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.tpu_configs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--accelerator_type", required=True, help="e.g. v5litepod-1, v6e-8, v5p-8")
     parser.add_argument("--model", default="cifar10_resnet", choices=sorted(CONFIGS))
     args = parser.parse_args(argv)

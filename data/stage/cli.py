@@ -77,7 +77,8 @@ def stage_own(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m data.stage", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", required=True, help="TFDS data_dir to build into, e.g. gs://BUCKET/tfds")
     known = parser.add_argument_group("a known dataset")
     known.add_argument("--dataset", help="a DATASET name (data/registry.py) or tfds:<TFDS name>")

@@ -14,9 +14,13 @@ from common.errors import ConfigError
 MIN_REFUSED_CLASSES = 1000
 
 
-def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None):
-    """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring."""
+def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None,
+            feature_names: list[str] | None = None):
+    """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring.
+    `feature_names` (a CSV's columns) are kept in the 'features' Tensor's documentation (data/staged_spec.py)."""
     import tensorflow_datasets as tfds
+
+    from data.staged_spec import feature_names_doc
 
     for split, (inputs, labels) in splits.items():
         if len(inputs) != len(labels):
@@ -38,7 +42,8 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
         input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8)
         convert = lambda inputs: inputs.reshape(len(inputs), *image_shape)  # noqa: E731
     elif len(shape) == 1 and np.issubdtype(first_inputs.dtype, np.number):
-        input_key, input_feature = "features", tfds.features.Tensor(shape=shape, dtype=np.float32)
+        documentation = feature_names_doc(feature_names) if feature_names and len(feature_names) == shape[0] else None
+        input_key, input_feature = "features", tfds.features.Tensor(shape=shape, dtype=np.float32, doc=documentation)
         convert = lambda inputs: inputs.astype(np.float32)  # noqa: E731
     else:
         raise ConfigError(f"Inputs of shape {shape} and dtype {first_inputs.dtype} per example are neither a "

@@ -24,11 +24,12 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def read_csv(paths: dict[str, str], label: str, text: str | None = None) -> dict:
-    """Per split, a CSV file with a header row: the `label` column and numeric feature columns, or the `text` column
-    (--text; other columns are left out) as one string per example (the caller checks the split names: one file is
-    split 'all', which --test_fraction splits). Without `text`, a CSV whose only column besides the label holds
-    anything but numbers (in the first split's file) is read as text, and said so in the log."""
+def read_csv(paths: dict[str, str], label: str, text: str | None = None) -> tuple[dict, list[str] | None]:
+    """(splits, feature column names or None for text): per split, a CSV file with a header row: the `label` column
+    and numeric feature columns, or the `text` column (--text; other columns are left out) as one string per example
+    (the caller checks the split names: one file is split 'all', which --test_fraction splits). Without `text`, a
+    CSV whose only column besides the label holds anything but numbers (in the first split's file) is read as text,
+    and said so in the log. The feature names are kept in the staged metadata, so the export reads CSVs by them."""
     splits, header = {}, None
     for split, path in paths.items():  # One file after the other: a bad cell is named before the next file is read.
         rows = _read_split_rows(split, path, label, header)
@@ -36,7 +37,7 @@ def read_csv(paths: dict[str, str], label: str, text: str | None = None) -> dict
             header = rows[0]
             text = _text_column(path, rows, label, text)
         splits[split] = _split_columns(split, path, rows, label, text)
-    return splits
+    return splits, None if text is not None else [name for name in header if name != label]
 
 
 def _text_column(path: str, rows: list[list[str]], label: str, text: str | None) -> str | None:

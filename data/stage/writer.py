@@ -48,7 +48,7 @@ def read_source(args) -> tuple:
     from data.stage import split as own_split
     from data.stage.columns import columns
 
-    class_names, whole, split_note = None, args.test_fraction is not None, ""
+    class_names, feature_names, whole, split_note = None, None, args.test_fraction is not None, ""
     if args.from_npz:
         splits = own_sources.read_npz(args.from_npz, args.npz_keys, whole=whole)
     elif args.from_csv:
@@ -57,7 +57,7 @@ def read_source(args) -> tuple:
             own_sources.check_splits(paths, "--from_csv")
         from data.stage.csv_source import read_csv
 
-        splits = read_csv(paths, args.label, args.text)
+        splits, feature_names = read_csv(paths, args.label, args.text)
     elif args.from_tfrecord:
         if not args.features:
             raise ConfigError("--from_tfrecord needs --features, the stored features' names, dtypes and shapes, e.g. "
@@ -79,7 +79,7 @@ def read_source(args) -> tuple:
             by_class = class_names is not None or own_split.is_class_label(labels, args.label_kind)
             splits = own_split.split_examples(inputs, labels, args.test_fraction, seed, by_class)
             split_note = " " + own_split.describe(args.test_fraction, seed, by_class, splits)
-        return (*columns(splits, args.label_kind, class_names), split_note)
+        return (*columns(splits, args.label_kind, class_names, feature_names), split_note)
     except ConfigError as error:  # About the arrays read: named by the source they were read from.
         flag = next(flag for flag in ("from_npz", "from_csv", "from_tfrecord", "from_image_folder",
                                       "from_text_folder") if getattr(args, flag))

@@ -5,7 +5,7 @@ first loop of a process traces and compiles the training loop; it is announced b
 reported apart and left out of the ETA, which is the remaining steps over a moving average of the later loops'
 steps/s (`WINDOW` loops). On an interactive terminal the loop lines become one updating progress line (tqdm, which
 TFDS already installs; other log lines are printed above it); otherwise (Colab cells, TPU VM logs, CI, files) each
-loop is one plain log line. Only the chief prints (`enabled=False` elsewhere).
+loop is one plain log line. Only the chief prints: the ProgressLines observer is made on the chief alone.
 """
 
 import collections
@@ -48,11 +48,10 @@ class Progress:
     is a terminal.
     """
 
-    def __init__(self, train_steps: int, global_batch_size: int, *, enabled: bool = True,
-                 interactive: bool | None = None, clock=time.perf_counter, stream=None):
+    def __init__(self, train_steps: int, global_batch_size: int, *, interactive: bool | None = None,
+                 clock=time.perf_counter, stream=None):
         self.train_steps = train_steps
         self.global_batch_size = global_batch_size
-        self.enabled = enabled
         self.stream = stream or sys.stdout
         self.interactive = _is_terminal(self.stream) if interactive is None else interactive
         self.clock = clock
@@ -65,7 +64,7 @@ class Progress:
     def active(self, step: int):
         """Around the training: starts the clock at `step`; on a terminal, shows the progress line meanwhile."""
         self._started = self.clock()
-        if not (self.enabled and self.interactive):
+        if not self.interactive:
             yield self
             return
         try:
@@ -88,7 +87,7 @@ class Progress:
 
     def loop_starting(self, step: int, num_steps: int) -> None:
         """Announces the first loop, which traces and compiles before it runs."""
-        if self._loops == 0 and self.enabled:
+        if self._loops == 0:
             log.info("step %d: tracing and compiling the training loop, then running its first %d steps (this loop's "
                      "time includes the compile and is reported apart) ...", step, num_steps)
 
@@ -100,13 +99,12 @@ class Progress:
         if not first:
             self._rates.append(rate)
         rates = {"steps_per_second": rate, "examples_per_second": rate * self.global_batch_size}
-        if self.enabled:
-            text = self.line(step, metrics, learning_rate, rates, seconds=seconds, first=first)
-            if self._bar is not None:
-                self._bar.n = step
-                self._bar.set_description_str(text, refresh=True)
-            else:
-                log.info("%s", text)
+        text = self.line(step, metrics, learning_rate, rates, seconds=seconds, first=first)
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.set_description_str(text, refresh=True)
+        else:
+            log.info("%s", text)
         return rates
 
     def eta_seconds(self, step: int) -> float | None:
@@ -133,8 +131,7 @@ class Progress:
         return f"{head} | {values} | {timing} | {clock}"
 
     def show_eval(self, step: int, metrics: dict, seconds: float) -> None:
-        if self.enabled:
-            log.info("%s", eval_table(step, metrics, seconds))  # Printed above the progress line, if any.
+        log.info("%s", eval_table(step, metrics, seconds))  # Printed above the progress line, if any.
 
 
 def _is_terminal(stream) -> bool:
