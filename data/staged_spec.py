@@ -3,7 +3,8 @@ dataset staged with `python -m data.stage --from_...` (or any TFDS dataset) trai
 
 The task follows from the features (one input, one target; the dataset's supervised_keys decide when set):
 - an Image + a ClassLabel -> ImageClassification: shape and classes from the metadata; pixels scaled by 255 then
-  standardised with mean 0.5, std 0.5 (to [-1, 1]), since the metadata holds no pixel statistics;
+  standardised with mean 0.5, std 0.5 (to [-1, 1]), since the metadata holds no pixel statistics; images resized
+  at staging (--image_size) are served at any size, resized the same way in the export's graph (serving_resize);
 - a float vector (Tensor [D]) + a ClassLabel -> TabularClassification; + a float scalar -> TabularRegression
   (both standardise with the train split's statistics, computed when the run starts);
 - a Text + a ClassLabel -> TextClassification: tokenised in the graph to 32 token ids, with a vocabulary of up to 998
@@ -59,7 +60,7 @@ def infer_task(info, dataset: str):
         channels = image.shape[-1]
         return ImageClassification(num_classes=target.num_classes, image_shape=tuple(image.shape),
                                    mean=(0.5,) * channels, std=(0.5,) * channels, image_key=input_key,
-                                   label_key=target_key)
+                                   label_key=target_key, serving_resize=staged_image_resize(image))
     if isinstance(image, tfds.features.Text) and isinstance(target, tfds.features.ClassLabel):
         return TextClassification(num_classes=target.num_classes, text_key=input_key, label_key=target_key)
     if _is_input(image) and not isinstance(image, (tfds.features.Image, tfds.features.Text)) and len(image.shape) == 1:
@@ -132,3 +133,36 @@ def staged_feature_names(feature) -> tuple[str, ...] | None:
     valid = isinstance(names, list) and all(isinstance(name, str) for name in names) and \
         len(names) == feature.shape[0] and len(set(names)) == len(names)
     return tuple(names) if valid else None
+
+
+# How `python -m data.stage --image_size=H,W --resize=MODE` keeps the resize in the TFDS metadata: the 'image'
+# feature's documentation, read back into the image task's serving_resize, so the export resizes a client's images
+# exactly as staging did (tasks/image_resize.py).
+_IMAGE_RESIZE_PREFIX = "Resized at staging (height, width, mode): "
+
+
+def image_resize_doc(height: int, width: int, mode: str):
+    """The tfds Documentation that records a resize to `height` x `width` by `mode`."""
+    import json
+
+    import tensorflow_datasets as tfds
+
+    return tfds.features.Documentation(desc=_IMAGE_RESIZE_PREFIX + json.dumps([int(height), int(width), mode]))
+
+
+def staged_image_resize(feature) -> tuple[int, int, str] | None:
+    """(H, W, mode) recorded in the image `feature`'s documentation when it matches the feature's shape; else None
+    (images staged at their own size, or by another builder: the export takes exactly the stored shape)."""
+    import json
+
+    from tasks.image_resize import MODES
+
+    description = getattr(getattr(feature, "doc", None), "desc", "") or ""
+    if not description.startswith(_IMAGE_RESIZE_PREFIX):
+        return None
+    try:
+        height, width, mode = json.loads(description[len(_IMAGE_RESIZE_PREFIX):])
+    except (ValueError, TypeError):
+        return None
+    valid = mode in MODES and [height, width] == list(feature.shape[:2])
+    return (int(height), int(width), mode) if valid else None

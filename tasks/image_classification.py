@@ -8,6 +8,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tasks.base import ClassificationTask, classification_outputs, label_names
+from tasks.image_resize import resize_image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,11 @@ class ImageClassification(ClassificationTask):
     train_decoder: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None
     eval_decoder: Callable[[tf.Tensor], tf.Tensor] | None = None
     class_names: tuple[str, ...] | None = None  # From the dataset's ClassLabel (bind).
+    # (H, W, mode) when the images were resized at staging (python -m data.stage --image_size=H,W --resize=MODE;
+    # data/staged_spec.py reads it): the export then takes uint8 images of any H x W (C channels, one size per
+    # request) and resizes them in its graph with the same function (tasks/image_resize.py). None: exactly
+    # image_shape.
+    serving_resize: tuple[int, int, str] | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -89,10 +95,15 @@ class ImageClassification(ClassificationTask):
         return tf.ensure_shape(images, [None, *self.image_shape]), examples[self.label_key]
 
     def serving_signature(self):
-        return {"images": tf.TensorSpec([None, *self.image_shape], tf.uint8, name="images")}
+        shape = [None, None, None, self.image_shape[-1]] if self.serving_resize else [None, *self.image_shape]
+        return {"images": tf.TensorSpec(shape, tf.uint8, name="images")}
 
     def serve(self, model, inputs):
-        return classification_outputs(model(self.preprocess(inputs["images"]), training=False), self.class_names)
+        images = inputs["images"]
+        if self.serving_resize:  # The staging's resize, to the uint8 pixels it stored (an H x W image is unchanged).
+            height, width, mode = self.serving_resize
+            images = resize_image(images, (height, width), mode)
+        return classification_outputs(model(self.preprocess(images), training=False), self.class_names)
 
     def serving_example(self, example, features):
         image = example[self.image_key]
@@ -106,7 +117,10 @@ class ImageClassification(ClassificationTask):
 
     def serving_metadata(self):
         class_names = list(self.class_names) if self.class_names else None
-        return {**super().serving_metadata(), "class_names": class_names, "max_pixel_value": self.max_pixel_value}
+        resize = ({"image_size": list(self.serving_resize[:2]), "mode": self.serving_resize[2]}
+                  if self.serving_resize else None)
+        return {**super().serving_metadata(), "class_names": class_names, "max_pixel_value": self.max_pixel_value,
+                **({"resize": resize} if resize else {})}
 
 
 def flip_and_crop_32(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:

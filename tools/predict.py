@@ -82,15 +82,31 @@ def predict(export_dir: str, batch: dict) -> dict:
     import tensorflow as tf
 
     serve = tf.saved_model.load(export_dir).signatures[metadata.SIGNATURE]
-    count, parts = len(next(iter(batch.values()))), []
-    for start in range(0, count, BATCH_SIZE):
+    parts = []
+    for chunk in _chunks(batch):
         try:
-            result = serve(**{name: tf.constant(values[start:start + BATCH_SIZE]) for name, values in batch.items()})
+            result = serve(**{name: tf.constant(values) for name, values in chunk.items()})
         except (tf.errors.InvalidArgumentError, TypeError, ValueError) as error:
             message = error.message if isinstance(error, tf.errors.OpError) else str(error)
             raise ConfigError(f"The export refused the input: {' '.join(message.split())[:300]}") from None
         parts.append({name: value.numpy() for name, value in result.items()})
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+
+def _chunks(batch: dict):
+    """`batch` BATCH_SIZE examples at a time; an input given as a list (images of different sizes, for an export that
+    resizes them) is sent as runs of consecutive images of one size, stacked (a batch is one tensor)."""
+    count = len(next(iter(batch.values())))
+    start = 0
+    while start < count:
+        end = min(start + BATCH_SIZE, count)
+        for values in batch.values():
+            if isinstance(values, list):
+                end = next((index for index in range(start + 1, end) if values[index].shape != values[start].shape),
+                           end)
+        yield {name: np.stack(values[start:end]) if isinstance(values, list) else values[start:end]
+               for name, values in batch.items()}
+        start = end
 
 
 def _plain(value):

@@ -2,6 +2,8 @@
 
 What is read depends on the signature's one input:
 - images (uint8 [batch, H, W, C]): an image file (PNG, JPEG, GIF, BMP) or a folder of them, each exactly H x W x C;
+  for an export that resizes (staged with --image_size: [batch, any, any, C]) of any size, converted to C channels
+  (tasks/image_resize.py) and returned as a list (one array per image: the signature takes one size per batch);
 - feature vectors (numbers [batch, D]): a CSV file, one example per row; with a header row its columns are found by
   the metadata's feature names (other columns are ignored), without one each row holds the D values in order;
 - strings ([batch]): a text file, one example per line (blank lines skipped);
@@ -149,6 +151,7 @@ def _read_images(path: str, shape: list) -> tuple[list[str], np.ndarray]:
     import tensorflow as tf
 
     expected = tuple(shape[1:])
+    any_size = expected[0] is None or expected[1] is None
     images = []
     for file_path in paths:
         try:
@@ -158,8 +161,15 @@ def _read_images(path: str, shape: list) -> tuple[list[str], np.ndarray]:
             reason = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:.*", "", error.message).strip()
             raise ConfigError(f"--input={file_path} is not an image TensorFlow can decode ({reason}); give "
                               f"{', '.join(IMAGE_SUFFIXES)} files.") from None
+        if any_size:
+            from tasks.image_resize import convert_channels
+
+            images.append(np.asarray(convert_channels(image, expected[2])))  # Resized by the export's graph.
+            continue
         if image.shape != expected:
             raise ConfigError(f"--input={file_path} is {'x'.join(map(str, image.shape))} (height x width x "
                               f"channels); this export takes {'x'.join(map(str, expected))}: resize it first.")
         images.append(image)
+    if any_size:
+        return files, images
     return files, np.stack(images) if images else np.zeros([0, *expected], np.uint8)

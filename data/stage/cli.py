@@ -12,6 +12,8 @@ Your own data, as TFDS dataset NAME (then train it with --gin_param="DATASET='tf
   python -m data.stage --name=NAME --data_dir=DIR --from_tfrecord='train=tr-*.tfrecord,test=te-*.tfrecord' \\
       --features='features:float32[8],label:int64'
   python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES  # IMAGES/{train,test}/<class>/*.png
+  python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES --image_size=32,32 --resize=pad \\
+      --channels=3   # images of any sizes and colour modes, resized at staging and by the export's signature
 Text to classify (a text column of a CSV, or one .txt file per example in class folders):
   python -m data.stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN --text=COL
   python -m data.stage --name=NAME --data_dir=DIR --from_text_folder=TEXTS    # TEXTS/{train,test}/<class>/*.txt
@@ -93,6 +95,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     own.add_argument("--features", help="with --from_tfrecord: NAME:DTYPE[SHAPE],... (float32, int64, image)")
     own.add_argument("--from_image_folder", help="folder with train/<class>/*.png and test/<class>/*.png (or "
                      "<class>/*.png with --test_fraction)")
+    own.add_argument("--image_size", help="with --from_image_folder: H,W (e.g. 32,32): resize every image to H x W "
+                     "(by --resize), so a folder of mixed sizes stages; the export then takes images of any size "
+                     "and resizes them the same way in its graph")
+    own.add_argument("--resize", help="with --image_size: pad (the default: keep the aspect ratio, fit inside, pad "
+                     "with zeros), crop (keep the aspect ratio, cover, centre crop) or stretch (change the aspect "
+                     "ratio)")
+    own.add_argument("--channels", help="with --from_image_folder: 1 (grayscale) or 3 (RGB): convert every image "
+                     "(alpha dropped), so a folder of mixed colour modes stages; the export takes this many channels")
     own.add_argument("--from_text_folder", help="folder with train/<class>/*.txt and test/<class>/*.txt, one example "
                      "per UTF-8 file (or <class>/*.txt with --test_fraction)")
     own.add_argument("--text", help="with --from_csv: the column holding the text to classify (detected when it is "
@@ -130,11 +140,14 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     from common.errors import ConfigError
     from data.stage.flag_checks import check_args
+    from tasks.image_resize import DEFAULT_MODE
 
     try:
         check_args(args)  # Standard library only: a bad flag answers before TensorFlow loads (~7 s).
         if args.test_fraction is not None and args.seed is None:
             args.seed = 0  # The default seed, recorded as such (the same split as --seed=0).
+        if args.image_size is not None and args.resize is None:
+            args.resize = DEFAULT_MODE  # Recorded as such (the same staging as --resize=pad).
         if args.dataset:
             status = "built" if stage(args.dataset, args.data_dir, args.manual_dir) else "there"
         else:

@@ -15,12 +15,13 @@ MIN_REFUSED_CLASSES = 1000
 
 
 def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None,
-            feature_names: list[str] | None = None):
+            feature_names: list[str] | None = None, image_resize: tuple | None = None):
     """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring.
-    `feature_names` (a CSV's columns) are kept in the 'features' Tensor's documentation (data/staged_spec.py)."""
+    `feature_names` (a CSV's columns) are kept in the 'features' Tensor's documentation, `image_resize` (H, W, mode:
+    how an image folder was resized) in the 'image' feature's (data/staged_spec.py)."""
     import tensorflow_datasets as tfds
 
-    from data.staged_spec import feature_names_doc
+    from data.staged_spec import feature_names_doc, image_resize_doc
 
     for split, (inputs, labels) in splits.items():
         if len(inputs) != len(labels):
@@ -39,7 +40,8 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
         convert = lambda inputs: inputs.astype(str)  # noqa: E731
     elif first_inputs.dtype == np.uint8 and len(shape) in (2, 3):
         input_key, image_shape = "image", shape if len(shape) == 3 else (*shape, 1)
-        input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8)
+        input_feature = tfds.features.Image(shape=image_shape, dtype=np.uint8,
+                                            doc=image_resize_doc(*image_resize) if image_resize else None)
         convert = lambda inputs: inputs.reshape(len(inputs), *image_shape)  # noqa: E731
     elif len(shape) == 1 and np.issubdtype(first_inputs.dtype, np.number):
         documentation = feature_names_doc(feature_names) if feature_names and len(feature_names) == shape[0] else None

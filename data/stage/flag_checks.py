@@ -10,6 +10,7 @@ import os
 import re
 
 from common.errors import ConfigError
+from tasks.image_resize import CHANNELS, MODES
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 _SPLIT_PAIRS = re.compile(r"^\s*\w+\s*=")  # 'train=a.csv,...', as opposed to one file's path.
@@ -40,8 +41,42 @@ def check_args(args) -> None:
                               "drop it.")
         return
     check_name_format(args.name)
+    _check_image_flags(args)
     _check_split_flags(args)
     _check_local_sources(args)
+
+
+def parse_image_size(value: str) -> tuple[int, int]:
+    """'32,32' -> (32, 32): --image_size's height and width, each a whole number >= 1; a ConfigError otherwise."""
+    parts = [part.strip() for part in value.replace("x", ",").split(",")]
+    if len(parts) != 2 or not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise ConfigError(f"--image_size={value!r} is not a height and width: pass two whole numbers >= 1, e.g. "
+                          "--image_size=32,32.")
+    return int(parts[0]), int(parts[1])
+
+
+def _check_image_flags(args) -> None:
+    """--image_size, --resize and --channels (see data/stage/cli.py) resize and convert an image folder only;
+    normalises args.image_size to 'H,W' and args.channels to an int, as the fingerprint records them."""
+    given = [f"--{flag}={getattr(args, flag)}" for flag in ("image_size", "resize", "channels")
+             if getattr(args, flag) is not None]
+    if given and not args.from_image_folder:
+        raise ConfigError(f"{' '.join(given)} resize(s) or convert(s) the images of --from_image_folder; for the "
+                          "other sources drop it (stage arrays of one shape).")
+    if args.image_size is not None:
+        args.image_size = ",".join(map(str, parse_image_size(args.image_size)))
+    if args.resize is not None:
+        if args.resize not in MODES:
+            raise ConfigError(f"--resize={args.resize!r} is not a resize mode: pass one of {', '.join(MODES)} "
+                              "(pad keeps the whole image and its aspect ratio).")
+        if args.image_size is None:
+            raise ConfigError(f"--resize={args.resize} says how to resize to --image_size, which is not given: pass "
+                              "--image_size=H,W (e.g. --image_size=32,32), or drop --resize.")
+    if args.channels is not None:
+        if str(args.channels).strip() not in {str(count) for count in CHANNELS}:
+            raise ConfigError(f"--channels={args.channels!r} is not a colour mode: pass --channels=1 (grayscale) or "
+                              "--channels=3 (RGB).")
+        args.channels = int(args.channels)
 
 
 def _check_split_flags(args) -> None:

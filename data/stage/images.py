@@ -1,6 +1,8 @@
 """An image folder, one sub-folder per split and per class (`DIR/train/<class>/*.png`, `DIR/test/<class>/*.png`),
 read into uint8 arrays with class ids; the layout is TFDS's `ImageFolder`'s, and the class names are the sorted
-sub-folder names of all splits (as ImageFolder orders them). Every image must have the same shape.
+sub-folder names of all splits (as ImageFolder orders them). Every image must have the same shape, unless
+`--image_size=H,W` resizes each (by `--resize`: pad, crop or stretch; tasks/image_resize.py, which the export's
+serving graph applies too) and `--channels=1|3` converts each to grayscale or RGB (alpha dropped) first.
 """
 
 import numpy as np
@@ -43,9 +45,13 @@ def list_images(root: str, whole: bool = False) -> dict[str, dict[str, list[str]
     return listing
 
 
-def read_image_folder(root: str, whole: bool = False) -> tuple[dict, list[str]]:
-    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root` (see list_images)."""
+def read_image_folder(root: str, whole: bool = False, image_size: tuple[int, int] | None = None,
+                      resize: str | None = None, channels: int | None = None) -> tuple[dict, list[str]]:
+    """({split: (images uint8 [N, H, W, C], class ids [N])}, class names) of the folder `root` (see list_images);
+    each image converted to `channels` and resized to `image_size` by `resize` when given (the module docstring)."""
     import tensorflow as tf
+
+    from tasks.image_resize import DEFAULT_MODE, convert_channels, resize_image
 
     listing = list_images(root, whole)
     class_names = checked_class_names(listing, root, whole, flag="--from_image_folder",
@@ -61,6 +67,11 @@ def read_image_folder(root: str, whole: bool = False) -> tuple[dict, list[str]]:
                 except tf.errors.InvalidArgumentError as error:
                     raise ConfigError(f"{path} is not a readable image ({error.message.splitlines()[0]}); remove "
                                       "it.") from None
+                if channels is not None:
+                    image = convert_channels(image, channels)
+                if image_size is not None:
+                    image = resize_image(image, image_size, resize or DEFAULT_MODE).numpy()
+                image = np.asarray(image)
                 shapes.setdefault(image.shape, path)
                 if len(shapes) > 1:
                     raise ConfigError(_mixed_shapes(path, image.shape, *next(iter(shapes.items()))[::-1]))
@@ -79,10 +90,11 @@ def _mixed_shapes(path: str, shape: tuple, first_path: str, first_shape: tuple) 
     modes = {1: "grayscale", 2: "grayscale with alpha", 3: "RGB", 4: "RGBA"}
     fixes = []
     if shape[:2] != first_shape[:2]:
-        fixes.append("resize them to one size")
+        fixes.append("resize them to one size: pass --image_size=H,W (e.g. --image_size=32,32; --resize=pad, crop "
+                     "or stretch says how, default pad) and the export resizes a client's images the same way")
     if shape[2] != first_shape[2]:
         fixes.append(f"convert them to one colour mode (the first is {modes.get(shape[2], shape[2])}, the second "
-                     f"{modes.get(first_shape[2], first_shape[2])}; e.g. all RGB: PIL's "
-                     "Image.open(f).convert('RGB').save(f))")
+                     f"{modes.get(first_shape[2], first_shape[2])}): pass --channels=3 (RGB) or --channels=1 "
+                     "(grayscale; alpha is dropped)")
     fix = " and ".join(fixes)
     return f"Images of different shapes: {path} is {shape}, {first_path} is {first_shape}. {fix[0].upper()}{fix[1:]}."

@@ -49,6 +49,8 @@ def read_source(args) -> tuple:
     from data.stage.columns import columns
 
     class_names, feature_names, whole, split_note = None, None, args.test_fraction is not None, ""
+    image_size, resize = getattr(args, "image_size", None), getattr(args, "resize", None)
+    image_size = tuple(int(size) for size in image_size.split(",")) if image_size else None
     if args.from_npz:
         splits = own_sources.read_npz(args.from_npz, args.npz_keys, whole=whole)
     elif args.from_csv:
@@ -71,7 +73,9 @@ def read_source(args) -> tuple:
     else:
         from data.stage.images import read_image_folder
 
-        splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"), whole=whole)
+        splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"), whole=whole,
+                                                image_size=image_size, resize=resize,
+                                                channels=getattr(args, "channels", None))
     try:
         if whole:
             inputs, labels = splits["all"]
@@ -79,7 +83,8 @@ def read_source(args) -> tuple:
             by_class = class_names is not None or own_split.is_class_label(labels, args.label_kind)
             splits = own_split.split_examples(inputs, labels, args.test_fraction, seed, by_class)
             split_note = " " + own_split.describe(args.test_fraction, seed, by_class, splits)
-        return (*columns(splits, args.label_kind, class_names, feature_names), split_note)
+        resized = (*image_size, resize) if image_size else None  # Recorded for the export (data/staged_spec.py).
+        return (*columns(splits, args.label_kind, class_names, feature_names, image_resize=resized), split_note)
     except ConfigError as error:  # About the arrays read: named by the source they were read from.
         flag = next(flag for flag in ("from_npz", "from_csv", "from_tfrecord", "from_image_folder",
                                       "from_text_folder") if getattr(args, flag))
