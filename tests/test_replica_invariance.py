@@ -53,6 +53,8 @@ CASES = {
     # Gradient accumulation (training/learning/accumulation.py): every k at every replica count, on the on-device
     # split, with dropout keyed by example. Models without BatchNormalization only (per-micro-batch statistics).
     "mlp-sgd-dropout-accumulate": (MLP, ("mlp.dropout_rate=0.3",), [1, 2, 4], [1, 2, 4]),
+    # EMA of the weights (training/learning/ema.py): the averages are compared like the weights.
+    "mlp-adam-ema": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "EMA_DECAY=0.99"), [1, 2, 4]),
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.
     "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), REPLICAS),
     # The worked examples of other tasks (docs/make_it_yours.md), as shipped.

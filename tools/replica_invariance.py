@@ -23,6 +23,9 @@ be <= 1e-9, and the loss must agree to 1e-9 (relative). The floor keeps a tensor
 replica count at every k, all compared with the first (replicas, k) pair, at the same global batch. Only for models
 without BatchNormalization: BN normalises each micro-batch by its own statistics, which is a legitimate difference.
 
+With EMA_DECAY set (training/learning/ema.py), the moving averages are compared like the weights (named
+ema/<weight>).
+
 Exit 0 if every run passes, 1 if not, 2 for a bad config. Run it after editing a model, a loss or the training step.
 """
 
@@ -122,6 +125,10 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
             trainer.model.set_weights(initial_weights)  # Identical start, whatever the initialisers did.
             metrics = trainer.train(trainer.train_iterator(), steps)
             weights = [(variable.path, variable.numpy()) for variable in trainer.model.weights]
+            if trainer.ema is not None:  # EMA_DECAY: the averages must agree too (training/learning/ema.py).
+                weights += [(f"ema/{variable.path}", average.numpy())
+                            for variable, average in zip(trainer.trainable_variables, trainer.ema.averages,
+                                                         strict=True)]
             runs.append(ReplicaRun(replicas=replicas, loss=metrics["loss"], weights=weights,
                                    accumulate_steps=accumulate_steps))
     compare(runs)

@@ -16,9 +16,9 @@ from training.variable_selection import check_patterns
 # error names them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py
 # checks this set against base.gin).
 MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "global_batch_size",
-                          "train_steps", "steps_per_loop", "accumulate_steps", "checkpoint_every", "eval_every",
-                          "learning_rate", "precision", "seed", "best_metric", "best_mode", "early_stop_patience",
-                          "profile_steps", "profiler_port", "init_from"})
+                          "train_steps", "steps_per_loop", "accumulate_steps", "ema_decay", "checkpoint_every",
+                          "eval_every", "learning_rate", "precision", "seed", "best_metric", "best_mode",
+                          "early_stop_patience", "profile_steps", "profiler_port", "init_from"})
 # A sensible value per integer field without a default, for the "e.g." of an error.
 _INT_EXAMPLES = {"global_batch_size": 128, "train_steps": 1000, "steps_per_loop": 100, "checkpoint_every": 1000,
                  "eval_every": 1000, "eval_batch_size": 128, "profiler_port": 6009}
@@ -53,6 +53,8 @@ class ExperimentConfig:
     steps_per_loop: int
     # Micro-batches per optimizer step (training/learning/accumulation.py): each of GLOBAL_BATCH_SIZE / k examples.
     accumulate_steps: int = 1
+    # EMA of the trained weights (training/learning/ema.py), evaluated and exported; in [0, 1); None or 0 = off.
+    ema_decay: float | None = None
     checkpoint_every: int  # Steps between checkpoints; a multiple of steps_per_loop; 0 = only at the end.
     eval_every: int  # Steps between evaluations; a multiple of steps_per_loop; 0 = only at the end.
     learning_rate: float
@@ -170,6 +172,12 @@ class ExperimentConfig:
         if self.clip_global_norm is not None and not self.clip_global_norm > 0:
             raise ConfigError(f"experiment.clip_global_norm={self.clip_global_norm!r} must be > 0, or None to disable "
                               f"clipping; e.g. {how_to_set('clip_global_norm', 1.0)}.")
+        if self.ema_decay is not None and (not isinstance(self.ema_decay, (int, float))
+                                           or isinstance(self.ema_decay, bool) or not 0 <= self.ema_decay < 1):
+            raise ConfigError(f"EMA_DECAY={self.ema_decay!r} must be a number in [0, 1) (the weight of the old "
+                              f"average per step), or None or 0 for off; e.g. {how_to_set('ema_decay', 0.999)}.")
+        if not self.ema_decay:  # 0 is off, like None: one value for "off" downstream.
+            object.__setattr__(self, "ema_decay", None)
         if not isinstance(self.export_tflite, bool):
             raise ConfigError(f"experiment.export_tflite={self.export_tflite!r} must be True or False; e.g. "
                               f"{how_to_set('export_tflite', True)}.")

@@ -68,8 +68,10 @@ class Controller:
         self._train_metrics = {}  # Of the last training loop; metrics.json's "train" part.
         self._last_evaluation = None  # The last recorded evaluation's result, {'step', 'train', 'eval'}.
         metric, mode = self.config.best_by()
-        self.history = History(run_dir, metric=metric, mode=mode,
-                               evaluated=("loss", *(each.name for each in trainer.eval_metrics)))
+        evaluated = ("loss", *(each.name for each in trainer.eval_metrics))
+        if trainer.ema is not None:  # The EMA weights' under the usual names, the trained ones' as raw_<name>.
+            evaluated = (*evaluated, *(f"raw_{name}" for name in evaluated))
+        self.history = History(run_dir, metric=metric, mode=mode, evaluated=evaluated)
         self.best = BestKeeper(trainer, run_dir) if self.config.best_metric else None
         parts = RunParts(trainer=trainer, run_dir=run_dir, store=self.store, history=self.history, best=self.best,
                          any_worker=self._any_worker, model_settings=model_settings or {}, may_write=self._may_write)

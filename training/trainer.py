@@ -21,6 +21,7 @@ from tpu_utils.strategy import io_device_for, is_multi_worker
 from training.build_scope import seeded_build
 from training.config import ExperimentConfig
 from training.learning import accumulation, step
+from training.learning.ema import WeightAverage, maybe_swapped
 from training.learning.losses import check_per_example_losses, get_loss
 from training.learning.metrics import make_metrics
 from training.learning.optimizers import make_optimizer
@@ -81,6 +82,8 @@ class Trainer:
                 log.info("Frozen (experiment.trainable/frozen; not trained): %s.",
                          ", ".join(variable.path for variable in self.frozen_variables))
             self.optimizer.build(self.trainable_variables)  # Before tracing and before restoring.
+            # EMA_DECAY: a moving average of the trained weights, evaluated and exported (training/learning/ema.py).
+            self.ema = WeightAverage(self.trainable_variables, config.ema_decay) if config.ema_decay else None
             # Global batches consumed: positions the data on resume. Not optimizer.iterations, which does not
             # count a step that loss scaling skipped.
             self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
@@ -95,6 +98,8 @@ class Trainer:
         self.train_step = make_step(self.model, self.optimizer, loss_fn, global_batch_size=config.global_batch_size,
                                     clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
                                     seed=config.seed, variables=self.trainable_variables)
+        if self.ema is not None:
+            self.train_step = self.ema.after(self.train_step)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, metrics=self.eval_metrics)
         # The training loss is the data loss, as in evaluation; the regularization term is reported apart.
         self._train_outputs = ("loss", "regularization") if self.model.losses else ("loss",)
@@ -111,12 +116,22 @@ class Trainer:
         self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
         _, target_spec, _ = self.eval_input_fn(tf.distribute.InputContext()).element_spec
         check_per_example_losses(loss_fn, config.loss or self.task.default_loss, target_spec, self.model.output)
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
+        # EMA off: no `ema` entry, so the default run's checkpoint is what it always was.
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step,
+                                              **({"ema": self.ema.trackable} if self.ema is not None else {}))
 
     def warm_start(self) -> dict:
         """Loads the model variables from INIT_FROM (training/warm_start.py); the optimizer and the step stay new."""
-        return warm_start(self.model, self.config.init_from, include=self.config.init_include,
-                          exclude=self.config.init_exclude)
+        loaded = warm_start(self.model, self.config.init_from, include=self.config.init_include,
+                            exclude=self.config.init_exclude)
+        if self.ema is not None:
+            self.ema.reset()  # The average of a warm-started run starts from the loaded weights.
+        return loaded
+
+    def serving_weights(self):
+        """A block in which the model holds the weights to evaluate and export: the EMA's when EMA_DECAY is set
+        (swapped in, then back bit for bit), else the trained ones (a no-op)."""
+        return maybe_swapped(self.ema)
 
     def restore(self, checkpoint_path: str) -> None:
         """Restores model, optimizer and step from `checkpoint_path`, keeping the configured learning rate.
@@ -161,7 +176,15 @@ class Trainer:
                 **{metric.name: metric.result() for metric in self.train_metrics}}
 
     def evaluate(self) -> dict:
-        """The loss and the metrics over every example of the eval split, exactly once."""
+        """The loss and the metrics over every example of the eval split, exactly once. With EMA_DECAY: those of
+        the EMA weights under the usual names (what BEST_METRIC ranks), and the trained weights' as raw_<name>."""
+        if self.ema is None:
+            return self._evaluate_once()
+        with self.ema.swapped():
+            averaged = self._evaluate_once()
+        return {**averaged, **{f"raw_{name}": value for name, value in self._evaluate_once().items()}}
+
+    def _evaluate_once(self) -> dict:
         self.eval_loss.reset_state()
         for metric in self.eval_metrics:
             metric.reset()

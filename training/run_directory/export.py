@@ -141,14 +141,16 @@ def _move(source: str, target: str) -> None:
 
 
 def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
-    """Exports `trainer`'s model with its task's signature to `export_dir`, on the device I/O its strategy needs; a
-    storage failure is a StorageError naming the path, the cause and `recovery` (what is intact, what to rerun)."""
+    """Exports `trainer`'s model (its EMA weights when EMA_DECAY is set) with its task's signature to `export_dir`,
+    on the device I/O its strategy needs; a storage failure is a StorageError naming the path, the cause and
+    `recovery` (what is intact, what to rerun)."""
     try:
         examples = first_examples(trainer.task, trainer.builder, trainer.dataset_spec.eval_split,
                                   max(WARMUP_BATCH_SIZES))
-        return export_saved_model(trainer.model, trainer.task, export_dir,
-                                  io_device=io_device_for(trainer.strategy, export_dir), examples=examples,
-                                  with_tflite=trainer.config.export_tflite)
+        with trainer.serving_weights():  # EMA_DECAY: the EMA weights are the ones served (export/best/ too).
+            return export_saved_model(trainer.model, trainer.task, export_dir,
+                                      io_device=io_device_for(trainer.strategy, export_dir), examples=examples,
+                                      with_tflite=trainer.config.export_tflite)
     except tf.errors.OpError as error:
         raise StorageError(f"Exporting the SavedModel to {export_dir} failed ({describe(error)}); {recovery}") \
             from error

@@ -6,7 +6,10 @@ their dtypes), and the data itself (`data_identity`): the dataset's TFDS name an
 `python -m data.stage` the digest of its source's fingerprint (data/staged_source.py), so `data.stage --force`
 with other data under a run's dataset is not resumed on. The model builder's settings (e.g. `cnn.filters`) are
 recorded too: they may change on resume when the weights still fit (dropout, L2), and when they do not, the failed
-restore names the changed ones. Keys missing from an older run_identity.json are not compared.
+restore names the changed ones. Keys missing from an older run_identity.json are not compared, except EMA_DECAY:
+recorded only when EMA is on, so its presence is the switch, and switching EMA on or off on resume is refused (the
+checkpoint would lack the averages, or hold averages nothing updates); its value may change (it is not in the
+weights' shapes, like LEARNING_RATE).
 """
 
 import json
@@ -23,6 +26,7 @@ def run_identity(config: ExperimentConfig, model_settings: dict | None = None, d
     `data_identity` gives it."""
     identity = {"GLOBAL_BATCH_SIZE": config.global_batch_size, "SEED": config.seed, "MODEL": config.model,
                 "DATASET": config.dataset, "PRECISION": config.precision, "experiment.optimizer": config.optimizer,
+                **({"EMA_DECAY": config.ema_decay} if config.ema_decay else {}),
                 **(data or {}), **(model_settings or {})}
     return json.loads(json.dumps(identity))  # Tuples as lists, as they read back from the file.
 
@@ -63,6 +67,13 @@ def check_resume(previous: dict | None, current: dict, *, model_dir: str, data_d
                           "continue the run on other data: pass a new --model_dir to train on this data from scratch, "
                           "or stage the old data again (python -m data.stage --force with the checkpoint's source) to "
                           "resume.")
+    if previous and ("EMA_DECAY" in previous) != ("EMA_DECAY" in current):
+        was, now = (f"EMA_DECAY={identity['EMA_DECAY']!r}" if "EMA_DECAY" in identity else "EMA off"
+                    for identity in (previous, current))
+        raise ConfigError(f"{model_dir} holds a checkpoint of a run with {was}; this run has {now}. EMA cannot be "
+                          "switched on or off on resume (its averages are in the checkpoint or not): resume with "
+                          f"--gin_param=\"EMA_DECAY={previous.get('EMA_DECAY')!r}\", or pass a new --model_dir to "
+                          "start afresh.")
     changed = changes(previous, current, STRICT_KEYS)
     if changed:
         raise ConfigError(f"{model_dir} holds a checkpoint of a different run ({', '.join(changed)}). Resuming "
