@@ -32,6 +32,13 @@ DATASETS: dict[str, DatasetSpec] = {
                           module="data.digits.digits_dataset_builder",
                           task=ImageClassification(num_classes=10, image_shape=(8, 8, 1), max_pixel_value=16.0,
                                                    mean=(0.3,), std=(0.38,))),
+    # Bundled, offline: the fine-tune example's halves of the same images (data/digits/digit_halves_builder.py):
+    # digits 0-4 with every label (719 / 182), and 5-9 as classes 0-4 with 10 train labels per digit (50 / 178).
+    **{name: DatasetSpec(tfds_name=f"sklearn_digit_halves/{name}", train_split="train", eval_split="test",
+                         module="data.digits.digit_halves_builder",
+                         task=ImageClassification(num_classes=5, image_shape=(8, 8, 1), max_pixel_value=16.0,
+                                                  mean=(0.3,), std=(0.38,)))
+       for name in ("digits_0_4", "digits_5_9_few")},
     # Downloaded by TFDS where internet exists (60,000 / 10,000 images).
     "mnist": DatasetSpec(tfds_name="mnist", train_split="train", eval_split="test",
                          task=ImageClassification(num_classes=10, image_shape=(28, 28, 1), mean=(0.1307,),

@@ -61,6 +61,9 @@ CASES = {
     "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
     "synthetic-housing-mlp-mse": ("configs/experiments/synthetic_housing_mlp.gin", (), [1, 2, 4]),
     "synthetic-reviews-transformer-dropout": ("configs/experiments/synthetic_reviews_transformer.gin", (), [1, 2, 4]),
+    # The fine-tune example's two runs (docs/make_it_yours.md), from scratch (INIT_FROM only sets the start).
+    "digits-0-4-pretrain-cnn": ("configs/experiments/digits_0_4_pretrain.gin", (), [1, 2, 4]),
+    "digits-5-9-fine-tune-cnn": ("configs/experiments/digits_5_9_fine_tune.gin", (), [1, 2, 4]),
 }
 
 
