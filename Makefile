@@ -12,17 +12,17 @@ install:  ## Create .venv with the CPU and test requirements.
 train:  ## Train the default (offline digits) experiment.
 	$(PYTHON) train.py
 
-test:  ## The whole test suite (what CI runs).
-	$(PYTHON) -m pytest
+test:  ## The whole test suite (what CI runs), in two worker processes (pytest-xdist).
+	$(PYTHON) -m pytest -n 2
 
 lint:  ## Ruff, as CI runs it.
 	$(dir $(PYTHON))ruff check .
 
 test-fast:  ## Everything but the tests marked slow.
-	$(PYTHON) -m pytest -m "not slow"
+	$(PYTHON) -m pytest -m "not slow" -n 2
 
 test-core:  ## The core's fast tests: a forker's check after an edit (minutes).
-	$(PYTHON) -m pytest -m core
+	$(PYTHON) -m pytest -m core -n 2
 
 check-invariance:  ## Replica-invariance check of the default config at 1, 2, 4 and 8 replicas.
 	$(PYTHON) -m tools.replica_invariance --gin_file=configs/default.gin

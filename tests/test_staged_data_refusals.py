@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from data.stage import cli as stage
-from helpers import run_module, run_train_py, write_class_images
+from helpers import run_train_py, write_class_images
 
 TINY = ["--gin_file=configs/experiments/breast_cancer_mlp.gin", "--gin_param=STEPS_PER_LOOP=10",
         "--gin_param=EVAL_EVERY=0", "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=GLOBAL_BATCH_SIZE=16",
@@ -118,14 +118,14 @@ def test_a_resume_on_restaged_other_data_is_refused_and_on_the_same_data_resumes
     _write_npz(tmp_path / "rows.npz")
     _write_npz(tmp_path / "doubled.npz", scale=2.0)
     stage_flags = ["--name=rows", f"--data_dir={data_dir}", "--force"]
-    assert run_module("data.stage", *stage_flags, f"--from_npz={tmp_path}/rows.npz").returncode == 0
+    assert stage.main([*stage_flags, f"--from_npz={tmp_path}/rows.npz"]) == 0
     first = _train(data_dir, model_dir, 10)
     assert first.returncode == 0, first.stderr[-3000:]
     identity = json.load(open(f"{model_dir}/run_identity.json"))
     assert identity["DATA_VERSION"] == "rows 1.0.0"
     staged = identity["DATA_FINGERPRINT"]
 
-    assert run_module("data.stage", *stage_flags, f"--from_npz={tmp_path}/doubled.npz").returncode == 0
+    assert stage.main([*stage_flags, f"--from_npz={tmp_path}/doubled.npz"]) == 0
     other = json.load(open(f"{data_dir}/rows/1.0.0/staged_source.json"))
     checkpoints = sorted(os.listdir(f"{model_dir}/checkpoints"))
     refused = _train(data_dir, model_dir, 20)
@@ -141,7 +141,7 @@ def test_a_resume_on_restaged_other_data_is_refused_and_on_the_same_data_resumes
     assert json.load(open(f"{model_dir}/run_identity.json")) == identity
 
     shutil.copy(tmp_path / "rows.npz", tmp_path / "rows_again.npz")  # The same data, staged anew (another path).
-    assert run_module("data.stage", *stage_flags, f"--from_npz={tmp_path}/rows_again.npz").returncode == 0
+    assert stage.main([*stage_flags, f"--from_npz={tmp_path}/rows_again.npz"]) == 0
     resumed = _train(data_dir, model_dir, 20)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 10." in resumed.stdout + resumed.stderr and "Resumed from" in resumed.stdout + resumed.stderr
