@@ -55,6 +55,10 @@ CASES = {
     "mlp-sgd-dropout-accumulate": (MLP, ("mlp.dropout_rate=0.3",), [1, 2, 4], [1, 2, 4]),
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.
     "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), REPLICAS),
+    # keras.applications' MobileNetV3Small (models/keras_applications.py) as shipped: 8x8 digits resized to 32x32,
+    # its BatchNormalization layers set to synchronized after Keras built them.
+    # 1 and 2 replicas only: 34 synchronized BatchNormalization all-reduces per step make 4 and 8 too slow on CPU.
+    "digits-mobilenet-v3-small": ("configs/experiments/digits_mobilenet_v3_small.gin", (), [1, 2]),
     # The worked examples of other tasks (docs/make_it_yours.md), as shipped.
     "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
     "synthetic-housing-mlp-mse": ("configs/experiments/synthetic_housing_mlp.gin", (), [1, 2, 4]),
