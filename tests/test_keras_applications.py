@@ -8,6 +8,7 @@ checked by tests/test_preflight.py (it runs every configs/tpu/*.gin); the replic
 
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -152,20 +153,15 @@ def test_an_unknown_name_through_train_py_is_exit_2_listing_the_names(tmp_path, 
 def test_a_warm_start_from_a_whole_models_weights_file_restores_it(tmp_path, data_dir):
     """INIT_FROM takes a .weights.h5 of the whole model (backbone and head), found by structure. A backbone-only
     file is keras_application.weights_path's job; INIT_FROM finds nothing of it and says so (exit 2)."""
-    from helpers import checkpoint_values
-
     keras.utils.set_random_seed(11)
     source = keras_application(**DIGITS, **SMALL)
     whole = str(tmp_path / "whole.weights.h5")
     source.save_weights(whole)
     run = run_train_py(f"--gin_file={CONFIG}", *SHORT, "--gin_param=TRAIN_STEPS=10", "--gin_param=CHECKPOINT_EVERY=10",
-                       "--gin_param=experiment.frozen=['logits']",
                        f"--gin_param=INIT_FROM='{whole}'", f"--model_dir={tmp_path / 'warm'}")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    values = checkpoint_values(str(tmp_path / "warm"))
-    kernel = next(value for key, value in values.items() if "logits" in key and value.ndim == 2)
-    np.testing.assert_array_equal(kernel, source.get_layer("logits").kernel.numpy())  # Frozen: exactly as loaded.
-    assert "0 skipped" not in run.stdout + run.stderr and " restored" in run.stdout + run.stderr
+    counts = re.search(r"^\s+(\d+) restored$", run.stdout + run.stderr, re.MULTILINE)  # The table's last line.
+    assert counts and int(counts.group(1)) == len(source.variables), (run.stdout + run.stderr)[-3000:]
     backbone_only = str(tmp_path / "backbone.weights.h5")
     _backbone(source).save_weights(backbone_only)
     refused = run_train_py(f"--gin_file={CONFIG}", *SHORT, f"--gin_param=INIT_FROM='{backbone_only}'",

@@ -57,7 +57,8 @@ CASES = {
     "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), REPLICAS),
     # keras.applications' MobileNetV3Small (models/keras_applications.py) as shipped: 8x8 digits resized to 32x32,
     # its BatchNormalization layers set to synchronized after Keras built them.
-    # 1 and 2 replicas only: 34 synchronized BatchNormalization all-reduces per step make 4 and 8 too slow on CPU.
+    # 1 and 2 replicas only: 34 synchronized BatchNormalization all-reduces per step make 4 and 8 too slow on CPU
+    # (> 600 s). KNOWN FAILING: 2 replicas differ by 3.7e-7 (expanded_conv_6_depthwise/kernel; loss 6.7e-9): open.
     "digits-mobilenet-v3-small": ("configs/experiments/digits_mobilenet_v3_small.gin", (), [1, 2]),
     # The worked examples of other tasks (docs/make_it_yours.md), as shipped.
     "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
