@@ -14,7 +14,7 @@ from collections.abc import Callable
 import keras
 
 from common.registry import lookup
-from models import cnn, mlp, resnet, transformer
+from models import cnn, keras_applications, mlp, resnet, transformer
 
 ModelBuilder = Callable[..., keras.Model]
 
@@ -23,6 +23,7 @@ MODELS: dict[str, ModelBuilder] = {
     "cnn": cnn.cnn,
     "resnet": resnet.resnet,
     "transformer": transformer.transformer,  # Token ids -> class (the text example).
+    "keras_application": keras_applications.keras_application,  # keras.applications.<name>, weights from a file.
 }
 
 

@@ -58,6 +58,11 @@ CASES = {
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.
     # At 1, 2 and 4 replicas: 8 (the CNN's cases) adds nothing the block code could get wrong and doubles the trace.
     "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), [1, 2, 4]),
+    # keras.applications' MobileNetV3Small (models/keras_applications.py) as shipped: 8x8 digits resized to 32x32,
+    # its BatchNormalization layers set to synchronized after Keras built them.
+    # 1 and 2 replicas only: 34 synchronized BatchNormalization all-reduces per step make 4 and 8 too slow on CPU
+    # (> 600 s). Its tolerance is CHAOTIC_TOLERANCE (below), not 1e-9.
+    "digits-mobilenet-v3-small": ("configs/experiments/digits_mobilenet_v3_small.gin", (), [1, 2]),
     # The worked examples of other tasks (docs/make_it_yours.md), as shipped.
     "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
     "synthetic-housing-mlp-mse": ("configs/experiments/synthetic_housing_mlp.gin", (), [1, 2, 4]),
@@ -66,6 +71,15 @@ CASES = {
     "digits-0-4-pretrain-cnn": ("configs/experiments/digits_0_4_pretrain.gin", (), [1, 2, 4]),
     "digits-5-9-fine-tune-cnn": ("configs/experiments/digits_5_9_fine_tune.gin", (), [1, 2, 4]),
 }
+
+
+# MobileNetV3Small's float64 rounding differences (the sums over 1 or 2 replicas' halves of the batch) grow by ~1.6x a
+# step through its 50 layers of hard-swish and synchronized BatchNormalization: measured worst weight difference at
+# 2 replicas 8.5e-15 after 1 step, 6.1e-14 after 5, 3.7e-7 after 40 (python -m tools.replica_invariance
+# --gin_file=configs/experiments/digits_mobilenet_v3_small.gin --replicas=1,2 --steps=N). A scaling bug is not a
+# growth: it shows from the first step at 1e-4 or more (the planted-bug tests below), so that case is held to 1e-5
+# after 40 steps, and to the usual 1e-9 after 5 (test_a_deep_network_agrees_to_1e_9_before_its_rounding_grows).
+CHAOTIC_TOLERANCE = {"digits-mobilenet-v3-small": 1e-5}
 
 
 @pytest.mark.slow
@@ -77,7 +91,8 @@ def test_weights_match_across_replica_counts_in_float64(data_dir, case):
     assert steps >= 40 and steps > gin.query_parameter("cosine.warmup_steps")  # Past the warm-up.
     runs, probe = replica_invariance.measure(config, replicas, steps=steps, accumulate=accumulate[0] if accumulate
                                              else None)
-    passed, table = replica_invariance.report(runs, probe)
+    passed, table = replica_invariance.report(runs, probe,
+                                              CHAOTIC_TOLERANCE.get(case, replica_invariance.TOLERANCE))
     print(table)
     assert passed, table
     assert [(run.replicas, run.accumulate_steps) for run in runs] == [
@@ -258,3 +273,13 @@ def test_a_bad_config_is_one_error_line_without_gins_call_context(capsys):
     assert replica_invariance.main(["replica_invariance", f"--gin_file={DEFAULT}", "--gin_param=TRAIN_STEPS=0"]) == 2
     assert capsys.readouterr().err.strip() == ('error: TRAIN_STEPS=0 must be an integer >= 1; e.g. '
                                                '--gin_param="TRAIN_STEPS=1000".')
+
+
+@pytest.mark.slow
+def test_a_deep_network_agrees_to_1e_9_before_its_rounding_grows(data_dir):
+    """CHAOTIC_TOLERANCE's case at the usual 1e-9 after 5 steps (measured 6.1e-14): the looser bound after 40 steps
+    is rounding that grew, not a difference present from the start, as a scaling bug would be."""
+    config = _shipped("configs/experiments/digits_mobilenet_v3_small.gin")
+    runs, probe = replica_invariance.measure(config, [1, 2], steps=5)
+    passed, table = replica_invariance.report(runs, probe)
+    assert passed, table

@@ -210,6 +210,8 @@ def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None
                           "change your model builder's arguments.")
     try:
         return builder(task.input_shape, task.output_size, **options)
+    except ConfigError:  # The builder's own message names its setting and the fix.
+        raise
     except _BUILD_ERRORS as error:  # e.g. cnn.filters=(0,); cnn on feature vectors.
         message = " ".join(str(error).split("\n")[0].split())[:300].rstrip(".")  # Without gin's call context.
         fitting = ", ".join(f"MODEL={name!r}" for name in _models_that_build(task, bound, exclude=config.model))
