@@ -94,7 +94,8 @@ def check_batch_fits(spec: DatasetSpec, num_examples: int, global_batch_size: in
     """A ConfigError when one global batch is larger than the train split (a batch spans at most two epochs)."""
     if num_examples < global_batch_size:
         raise ConfigError(f"GLOBAL_BATCH_SIZE={global_batch_size} is larger than the {num_examples} examples of "
-                          f"{spec.tfds_name}:{spec.train_split}; use a smaller batch.")
+                          f"{spec.tfds_name}:{spec.train_split}; pass --gin_param=GLOBAL_BATCH_SIZE=<at most "
+                          f"{num_examples}>.")
 
 
 def decoded_train_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> dict[str, tf.Tensor]:

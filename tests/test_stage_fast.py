@@ -52,6 +52,7 @@ def _stage_cases(root) -> dict:
         "bad channels": ([*base, f"--from_image_folder={root}", "--channels=4"], "is not a colour mode"),
         "image flags with a CSV": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0.2", "--image_size=8,8"],
                                    "the images of --from_image_folder"),
+        "image size too large": ([*base, f"--from_image_folder={root}", "--image_size=5000,5000"], "at most 4096"),
         "seed without a fraction": ([*base, f"--from_csv=train={root}/one.csv,test={root}/one.csv", "--seed=3"],
                                     "--seed=3 seeds the split"),
     }
@@ -131,3 +132,26 @@ def test_config_files_check_the_files_before_importing_tensorflow(tmp_path):
     result, _ = _timed("-c", code)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["False", "True"], result.stdout
+
+
+def test_the_printed_command_passes_a_batch_that_fits_a_small_train_split():
+    """mnist_cnn.gin's GLOBAL_BATCH_SIZE=128 (read through its includes) is refused by training on a 24-example train
+    split: the printed command then passes the largest power of two that fits; a large split gets nothing added."""
+    from data.stage import cli
+
+    assert cli._config_batch_size(os.path.join(REPO_ROOT, "configs/experiments/mnist_cnn.gin")) == 128
+    assert cli._config_batch_size(os.path.join(REPO_ROOT, "configs/default.gin")) == 64
+    assert cli._batch_that_fits("configs/experiments/mnist_cnn.gin", 24) == " --gin_param=GLOBAL_BATCH_SIZE=16"
+    assert cli._batch_that_fits("configs/experiments/mnist_cnn.gin", 128) == ""
+
+
+def test_predict_refuses_an_output_folder_that_does_not_exist_before_predicting(tmp_path, capsys):
+    """The predictions used to be computed, then lost in a traceback at open(): now one line, exit 2, first."""
+    from tools import predict
+
+    target = tmp_path / "no_such_folder" / "out.csv"
+    assert predict.main(["--export=/nowhere", f"--input={tmp_path}", f"--output={target}"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (f"error: --output={target}: the folder {target.parent} does not exist; create it or pass a path "
+                     "in a folder that exists."), error
+

@@ -44,6 +44,9 @@ def main(argv: list[str]) -> int:
     try:
         if args.output is not None and not args.output.lower().endswith(OUTPUT_SUFFIXES):
             raise ConfigError(f"--output={args.output} must end in .csv or .jsonl.")
+        if args.output is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+            raise ConfigError(f"--output={args.output}: the folder {os.path.dirname(os.path.abspath(args.output))} "
+                              "does not exist; create it or pass a path in a folder that exists.")
         described = _read_metadata(args.export)
         labels, batch = inputs.read(args.input, described)
         outputs = predict(args.export, batch)

@@ -35,6 +35,8 @@ import logging
 import os
 import sys
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder", "from_text_folder")
 # A shipped experiment whose model and settings fit each inferred task: where to start.
 # The small CNN builds for any image size (convolutions, global average pooling), the Transformer takes raw strings.
@@ -166,6 +168,7 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
     """The gin lines that train the staged dataset, and the DatasetSpec it stands for (to register and edit); when
     no shipped task fits its features, that, and what to do (the data is staged all the same)."""
     from common.errors import ConfigError
+    from data.builders import find_builder
     from data.staged_spec import registry_lines, spec_from_metadata
 
     try:
@@ -180,10 +183,35 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
     # The tabular starting config reports AUC, precision and recall, which need exactly two classes.
     metrics = (" --gin_param=\"experiment.metrics=['accuracy']\"" if config == STARTING_CONFIGS["TabularClassification"]
                and spec.task.num_classes != 2 else "")
+    metrics += _batch_that_fits(config, find_builder(name, data_dir).info.splits["train"].num_examples)
     print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
           f"--gin_param=\"DATA_DIR='{data_dir}'\"{metrics} --model_dir=runs/{name}\n"
           f"The task inferred from its metadata, to paste into DATASETS of data/registry.py if you want to change "
           f"it (then DATASET='{name}'):\n{registry_lines(name, spec)}", flush=True)
+
+
+def _batch_that_fits(config: str, train_examples: int) -> str:
+    """' --gin_param=GLOBAL_BATCH_SIZE=B' when the config's batch is larger than the train split (training would
+    refuse it): B the largest power of two that fits; '' otherwise."""
+    batch = _config_batch_size(os.path.join(REPO_ROOT, config))
+    if batch is None or batch <= train_examples:
+        return ""
+    return f" --gin_param=GLOBAL_BATCH_SIZE={1 << (train_examples.bit_length() - 1)}"
+
+
+def _config_batch_size(path: str) -> int | None:
+    """The GLOBAL_BATCH_SIZE a gin file sets, following its includes (the last setting wins, as in gin)."""
+    import re
+
+    batch = None
+    for line in open(path, encoding="utf-8"):
+        included = re.match(r"\s*include\s+'([^']+)'", line)
+        if included:
+            batch = _config_batch_size(os.path.join(REPO_ROOT, included.group(1))) or batch
+        setting = re.match(r"\s*GLOBAL_BATCH_SIZE\s*=\s*(\d+)", line)
+        if setting:
+            batch = int(setting.group(1))
+    return batch
 
 
 if __name__ == "__main__":

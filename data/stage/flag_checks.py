@@ -46,12 +46,20 @@ def check_args(args) -> None:
     _check_local_sources(args)
 
 
+# --image_size's bound: ImageNet models train at 224-600 pixels a side; 4096 x 4096 x 3 is 48 MiB per image.
+MAX_IMAGE_SIDE = 4096
+
+
 def parse_image_size(value: str) -> tuple[int, int]:
     """'32,32' -> (32, 32): --image_size's height and width, each a whole number >= 1; a ConfigError otherwise."""
     parts = [part.strip() for part in value.replace("x", ",").split(",")]
     if len(parts) != 2 or not all(part.isdigit() and int(part) >= 1 for part in parts):
         raise ConfigError(f"--image_size={value!r} is not a height and width: pass two whole numbers >= 1, e.g. "
                           "--image_size=32,32.")
+    if max(int(part) for part in parts) > MAX_IMAGE_SIDE:
+        raise ConfigError(f"--image_size={value!r}: at most {MAX_IMAGE_SIDE} pixels a side (every staged image is "
+                          "stored at that size, and models train at it); pass a smaller size, e.g. "
+                          "--image_size=224,224.")
     return int(parts[0]), int(parts[1])
 
 

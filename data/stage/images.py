@@ -5,6 +5,9 @@ sub-folder names of all splits (as ImageFolder orders them). Every image must ha
 serving graph applies too) and `--channels=1|3` converts each to grayscale or RGB (alpha dropped) first.
 """
 
+import logging
+import re
+
 import numpy as np
 
 from common.errors import ConfigError
@@ -12,6 +15,13 @@ from common.storage_paths import join, list_folder
 from data.stage.class_folders import checked_class_names
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+log = logging.getLogger(__name__)
+
+
+def _decode_error(error) -> str:
+    """TensorFlow's decode error without its graph-node prefix and op suffix: 'Invalid PNG data, size 100'."""
+    text = re.sub(r"^\{\{.*?\}\}\s*", "", error.message.splitlines()[0])
+    return re.sub(r"\s*\[Op:.*$", "", text)
 
 
 def list_images(root: str, whole: bool = False) -> dict[str, dict[str, list[str]]]:
@@ -40,8 +50,12 @@ def list_images(root: str, whole: bool = False) -> dict[str, dict[str, list[str]
         for name in list_folder(root if whole else join(root, split)).folders:
             folder = root if whole else join(root, split)
             folder = join(folder, name)
-            listing[split][name] = [join(folder, file) for file in list_folder(folder).files
-                                    if file.lower().endswith(IMAGE_EXTENSIONS)]
+            files = list_folder(folder).files
+            listing[split][name] = [join(folder, file) for file in files if file.lower().endswith(IMAGE_EXTENSIONS)]
+            skipped = [file for file in files if not file.lower().endswith(IMAGE_EXTENSIONS)]
+            if skipped:
+                log.warning("--from_image_folder: skipped %d file(s) of %s that are not %s images (e.g. %s).",
+                            len(skipped), folder, "/".join(IMAGE_EXTENSIONS), skipped[0])
     return listing
 
 
@@ -65,8 +79,8 @@ def read_image_folder(root: str, whole: bool = False, image_size: tuple[int, int
                 try:
                     image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False).numpy()
                 except tf.errors.InvalidArgumentError as error:
-                    raise ConfigError(f"{path} is not a readable image ({error.message.splitlines()[0]}); remove "
-                                      "it.") from None
+                    raise ConfigError(f"{path} is not a readable image ({_decode_error(error)}); remove it.") \
+                        from None
                 if channels is not None:
                     image = convert_channels(image, channels)
                 if image_size is not None:
@@ -96,5 +110,5 @@ def _mixed_shapes(path: str, shape: tuple, first_path: str, first_shape: tuple) 
         fixes.append(f"convert them to one colour mode (the first is {modes.get(shape[2], shape[2])}, the second "
                      f"{modes.get(first_shape[2], first_shape[2])}): pass --channels=3 (RGB) or --channels=1 "
                      "(grayscale; alpha is dropped)")
-    fix = " and ".join(fixes)
+    fix = "; and ".join(fixes)
     return f"Images of different shapes: {path} is {shape}, {first_path} is {first_shape}. {fix[0].upper()}{fix[1:]}."
