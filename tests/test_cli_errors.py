@@ -12,7 +12,7 @@ DIGITS = "configs/experiments/digits_mlp.gin"
 
 @pytest.mark.parametrize("gin_params, expected", [
     (["STRATEGY='tpu_v9'"], "Unknown STRATEGY='tpu_v9'"),
-    (["MODEL='resnet9000'"], "Unknown MODEL='resnet9000'. Known models: cnn, mlp"),
+    (["MODEL='resnet9000'"], "Unknown MODEL='resnet9000'. Known models: cnn, keras_application, mlp"),
     (["DATASET='imagenet21k'"], "Unknown DATASET='imagenet21k'"),
     (["STRATEGY='mirrored'", "VIRTUAL_DEVICES=3", "GLOBAL_BATCH_SIZE=64"],
      "GLOBAL_BATCH_SIZE=64 does not divide by the 3 replicas of this strategy. Use a multiple of 3, e.g. 63 or 66"),
@@ -83,7 +83,7 @@ def test_exit_code_2_through_the_real_command_line(tmp_path):
     # The transformer needs a vocabulary size, which an image task does not give.
     (["MODEL='transformer'"], "MODEL='transformer' does not fit DATASET='digits': its task (ImageClassification) does "
                               "not give the model vocab_size, which transformer() needs. Use a model built for this "
-                              "task (MODEL='mlp', MODEL='cnn', MODEL='resnet')"),
+                              "task (MODEL='mlp', MODEL='cnn', MODEL='resnet', MODEL='keras_application')"),
     # Given a vocabulary size by hand, it gets as far as its own check of the input shape.
     (["MODEL='transformer'", "transformer.vocab_size=100"],
      "MODEL='transformer' cannot be built for DATASET='digits' (inputs of shape (8, 8, 1), 10 outputs): ValueError: "
