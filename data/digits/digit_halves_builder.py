@@ -12,7 +12,7 @@ The few-labels subset is a deterministic function of the data: the same 50 image
 import numpy as np
 import tensorflow_datasets as tfds
 
-from data.digits.digits_dataset_builder import TEST_EVERY
+from data.digits.digits_dataset_builder import split_examples
 
 LABELS_PER_CLASS = 10  # Train images per digit in digits_5_9_few.
 
@@ -49,17 +49,10 @@ class SklearnDigitHalves(tfds.core.GeneratorBasedBuilder):
         return {"train": self._generate_examples(is_test=False), "test": self._generate_examples(is_test=True)}
 
     def _generate_examples(self, is_test: bool):
-        from sklearn.datasets import load_digits  # Imported here: only a build needs scikit-learn.
-
-        digits = load_digits()
-        images = digits.images.astype(np.uint8)[..., np.newaxis]
         first, kept = self._digits()[0], {digit: 0 for digit in self._digits()}
         few = not is_test and self.builder_config.name == "digits_5_9_few"
-        for index, (image, label) in enumerate(zip(images, digits.target, strict=True)):
-            label = int(label)
-            if (index % TEST_EVERY == 0) != is_test or label not in kept:
-                continue
-            if few and kept[label] == LABELS_PER_CLASS:
+        for index, image, label in split_examples(is_test):
+            if label not in kept or (few and kept[label] == LABELS_PER_CLASS):
                 continue
             kept[label] += 1
             yield index, {"image": image, "label": label - first}

@@ -15,6 +15,18 @@ import tensorflow_datasets as tfds
 TEST_EVERY = 5  # Index % TEST_EVERY == 0 goes to the test split.
 
 
+def split_examples(is_test: bool):
+    """(index, image uint8 [8, 8, 1], label) of the fixed split's 'test' (is_test) or 'train' images, in
+    scikit-learn's order; shared with the fine-tune example's halves (digit_halves_builder.py)."""
+    from sklearn.datasets import load_digits  # Imported here: only a build needs scikit-learn.
+
+    digits = load_digits()
+    images = digits.images.astype(np.uint8)[..., np.newaxis]
+    for index, (image, label) in enumerate(zip(images, digits.target, strict=True)):
+        if (index % TEST_EVERY == 0) == is_test:
+            yield index, image, int(label)
+
+
 class SklearnDigits(tfds.core.GeneratorBasedBuilder):
     """scikit-learn's `load_digits()` (UCI optical recognition of handwritten digits, 8x8, 10 classes)."""
 
@@ -39,10 +51,5 @@ class SklearnDigits(tfds.core.GeneratorBasedBuilder):
         return {"train": self._generate_examples(is_test=False), "test": self._generate_examples(is_test=True)}
 
     def _generate_examples(self, is_test: bool):
-        from sklearn.datasets import load_digits  # Imported here: only a build needs scikit-learn.
-
-        digits = load_digits()
-        images = digits.images.astype(np.uint8)[..., np.newaxis]
-        for index, (image, label) in enumerate(zip(images, digits.target, strict=True)):
-            if (index % TEST_EVERY == 0) == is_test:
-                yield index, {"image": image, "label": int(label)}
+        for index, image, label in split_examples(is_test):
+            yield index, {"image": image, "label": label}
