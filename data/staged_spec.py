@@ -103,6 +103,29 @@ def registry_lines(dataset: str, spec) -> str:
             f"        task={type(task).__name__}({settings})),")
 
 
+def _documentation(prefix: str, value):
+    """A tfds Documentation whose description is `prefix` followed by `value` as JSON."""
+    import json
+
+    import tensorflow_datasets as tfds
+
+    return tfds.features.Documentation(desc=prefix + json.dumps(value))
+
+
+def _recorded(feature, prefix: str):
+    """The JSON value `_documentation(prefix, ...)` recorded in `feature`'s documentation; None when the feature has
+    no such record or it does not parse."""
+    import json
+
+    description = getattr(getattr(feature, "doc", None), "desc", "") or ""
+    if not description.startswith(prefix):
+        return None
+    try:
+        return json.loads(description[len(prefix):])
+    except ValueError:
+        return None
+
+
 # How `python -m data.stage` keeps a CSV's column names in the TFDS metadata: the 'features' Tensor's documentation
 # (features.json, "description"), read back into the tabular task's feature_names, so the export's serving metadata
 # and `python -m tools.predict` read a CSV by the header it was staged from.
@@ -111,25 +134,13 @@ _FEATURE_NAMES_PREFIX = "Feature columns, in order: "
 
 def feature_names_doc(names: list[str]):
     """The tfds Documentation that records `names`."""
-    import json
-
-    import tensorflow_datasets as tfds
-
-    return tfds.features.Documentation(desc=_FEATURE_NAMES_PREFIX + json.dumps(list(names)))
+    return _documentation(_FEATURE_NAMES_PREFIX, list(names))
 
 
 def staged_feature_names(feature) -> tuple[str, ...] | None:
     """The column names recorded in `feature`'s documentation, if it holds them, one per value; else None (staged
     from an npz or TFRecords, or before the names were kept: feature_0, feature_1, ...)."""
-    import json
-
-    description = getattr(getattr(feature, "doc", None), "desc", "") or ""
-    if not description.startswith(_FEATURE_NAMES_PREFIX):
-        return None
-    try:
-        names = json.loads(description[len(_FEATURE_NAMES_PREFIX):])
-    except ValueError:
-        return None
+    names = _recorded(feature, _FEATURE_NAMES_PREFIX)
     valid = isinstance(names, list) and all(isinstance(name, str) for name in names) and \
         len(names) == feature.shape[0] and len(set(names)) == len(names)
     return tuple(names) if valid else None
@@ -143,26 +154,17 @@ _IMAGE_RESIZE_PREFIX = "Resized at staging (height, width, mode): "
 
 def image_resize_doc(height: int, width: int, mode: str):
     """The tfds Documentation that records a resize to `height` x `width` by `mode`."""
-    import json
-
-    import tensorflow_datasets as tfds
-
-    return tfds.features.Documentation(desc=_IMAGE_RESIZE_PREFIX + json.dumps([int(height), int(width), mode]))
+    return _documentation(_IMAGE_RESIZE_PREFIX, [int(height), int(width), mode])
 
 
 def staged_image_resize(feature) -> tuple[int, int, str] | None:
     """(H, W, mode) recorded in the image `feature`'s documentation when it matches the feature's shape; else None
     (images staged at their own size, or by another builder: the export takes exactly the stored shape)."""
-    import json
-
     from tasks.image_resize import MODES
 
-    description = getattr(getattr(feature, "doc", None), "desc", "") or ""
-    if not description.startswith(_IMAGE_RESIZE_PREFIX):
+    recorded = _recorded(feature, _IMAGE_RESIZE_PREFIX)
+    if not (isinstance(recorded, list) and len(recorded) == 3):
         return None
-    try:
-        height, width, mode = json.loads(description[len(_IMAGE_RESIZE_PREFIX):])
-    except (ValueError, TypeError):
-        return None
-    valid = mode in MODES and [height, width] == list(feature.shape[:2])
+    height, width, mode = recorded
+    valid = isinstance(mode, str) and mode in MODES and [height, width] == list(feature.shape[:2])
     return (int(height), int(width), mode) if valid else None

@@ -39,6 +39,10 @@ DIGITS = "configs/experiments/digits_mlp.gin"
                                         "Register a new one in training/learning/optimizers.py; e.g. "
                                         "--gin_param=\"experiment.lr_schedule='cosine'\"."),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
+    # An unquoted string: gin's own text is Python's AST repr; ours says what a value may be and how to write it.
+    (["EMA_DECAY=x"], "Failed to parse token 'x' (line 1). Gin values are Python literals: 'x' is neither a number, "
+                      "True/False, a quoted string nor a @configurable or %MACRO reference; e.g. "
+                      "--gin_param=\"EMA_DECAY=0.999\" for a number"),
     # Checked with the config, before the strategy is made (on a TPU that takes minutes); here no TPU exists.
     (["STRATEGY='tpu'", "PROFILE_STEPS=(5, 2)"], "PROFILE_STEPS=(5, 2) must be (start, stop) with 0 <= start < stop"),
     (["STRATEGY='tpu'", "BEST_MODE='maximum'"], "BEST_MODE='maximum' must be 'max', 'min' or 'auto'"),

@@ -67,6 +67,11 @@ def test_evaluation_reports_the_ema_model_and_the_raw_one_and_swaps_back_bit_for
     raw_loss = trainer._evaluate_once()["loss"]
     assert evaluation["loss"] == ema_loss and evaluation["raw_loss"] == raw_loss
     assert ema_loss != raw_loss  # Negative control: two different models were evaluated.
+    from training.observers.progress import eval_table
+
+    table = eval_table(10, evaluation, 1.0)  # What the log shows says which rows are the average's.
+    assert "the unprefixed rows are the averaged weights'" in table and "raw_*: the trained weights'" in table
+    assert "averaged" not in eval_table(10, {"loss": 1.0, "accuracy": 0.5}, 1.0)  # Without EMA: no such line.
 
 
 @pytest.mark.parametrize("value", [1.0, 1.5, -0.1, True, "0.9"])

@@ -62,15 +62,15 @@ def test_an_image_file_and_a_npy_batch(served, tmp_path, capsys):
 def test_a_folder_of_images_through_the_command_line(served, tmp_path):
     run = served("image")
     images = run.eval_inputs(3)["images"]
-    os.makedirs(tmp_path / "digits")
+    os.makedirs(tmp_path / "digits" / "class_b")  # A sub-folder, as in a folder staged by class: read too.
     for index, image in enumerate(images):
-        _write_png(tmp_path / "digits" / f"{index}.png", image)
+        _write_png(tmp_path / "digits" / ("class_b" if index == 2 else "") / f"{index}.png", image)
     (tmp_path / "digits" / "notes.txt").write_text("not an image: skipped by its suffix")
     result = run_module("tools.predict", f"--export={run.export_dir}", f"--input={tmp_path / 'digits'}",
                         f"--output={tmp_path / 'out.csv'}", timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = _csv_rows((tmp_path / "out.csv").read_text())
-    assert [row["input"] for row in rows] == ["0.png", "1.png", "2.png"]
+    assert [row["input"] for row in rows] == ["0.png", "1.png", "class_b/2.png"]
     _check_classified(rows, run.expected({"images": images}))
 
 

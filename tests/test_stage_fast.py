@@ -53,6 +53,8 @@ def _stage_cases(root) -> dict:
         "image flags with a CSV": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0.2", "--image_size=8,8"],
                                    "the images of --from_image_folder"),
         "image size too large": ([*base, f"--from_image_folder={root}", "--image_size=5000,5000"], "at most 4096"),
+        "label with an image folder": ([*base, f"--from_image_folder={root}", "--label=kind"],
+                                       "--from_image_folder has its own labels"),
         "seed without a fraction": ([*base, f"--from_csv=train={root}/one.csv,test={root}/one.csv", "--seed=3"],
                                     "--seed=3 seeds the split"),
     }

@@ -165,6 +165,16 @@ def test_a_run_identity_without_a_data_fingerprint_still_resumes_and_builtin_dat
             assert all(value in str(error) for value in (*changed.values(), current[next(iter(changed))])), error
         else:
             raise AssertionError(f"resumed on other data: {changed}")
+    # Restaged from the same folder at another size: the message names the flag that changed, both ways.
+    sized = {**current, "DATA_STAGED_SETTINGS": {"image_size": "64,64", "resize": "pad"}}
+    try:
+        check_resume({**sized, "DATA_FINGERPRINT": "fedcba9876543210",
+                      "DATA_STAGED_SETTINGS": {"image_size": "32,32", "resize": "pad"}}, sized, model_dir="run")
+    except ConfigError as error:
+        assert "was staged again with --image_size=64,64 (the checkpoint's data: --image_size=32,32) since" in \
+            str(error) and "--resize" not in str(error), error
+    else:
+        raise AssertionError("resumed on data staged at another size")
 
     class Builtin:
         name, version, data_dir = "sklearn_digits", "1.0.0", str(tmp_path)

@@ -142,9 +142,10 @@ def _is_number(cell: str) -> bool:
 def _read_images(path: str, shape: list) -> tuple[list[str], np.ndarray]:
     """Decodes with TensorFlow (imported here, after every check that needs none)."""
     if os.path.isdir(path):
-        files = sorted(name for name in os.listdir(path) if name.lower().endswith(IMAGE_SUFFIXES))
+        files = _image_files(path)
         if not files:
-            raise ConfigError(f"--input={path} holds no image files ({', '.join(IMAGE_SUFFIXES)}).")
+            raise ConfigError(f"--input={path} holds no image files ({', '.join(IMAGE_SUFFIXES)}), nor do its "
+                              "sub-folders.")
         paths = [os.path.join(path, name) for name in files]
     else:
         files, paths = [path], [path]
@@ -173,3 +174,14 @@ def _read_images(path: str, shape: list) -> tuple[list[str], np.ndarray]:
     if any_size:
         return files, images
     return files, np.stack(images) if images else np.zeros([0, *expected], np.uint8)
+
+
+def _image_files(folder: str) -> list[str]:
+    """The image files under `folder`, as paths relative to it, sorted: its own and those in its sub-folders, so a
+    folder staged by class (`cat/1.png`, `dog/2.png`) is read as it is, each row named `class/file`."""
+    found = []
+    for root, folders, names in os.walk(folder):
+        folders.sort()
+        found += [os.path.relpath(os.path.join(root, name), folder) for name in names
+                  if name.lower().endswith(IMAGE_SUFFIXES)]
+    return sorted(found)

@@ -51,9 +51,23 @@ def parse(gin_files: list[str], gin_params: list[str], *, search_path: str) -> N
     except ConfigError:
         raise
     except Exception as error:  # noqa: BLE001 - gin reports bad input as any of a dozen exception types.
-        detail = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        detail = " | ".join(line.strip() for line in str(error).splitlines()
+                            if line.strip() and "<ast." not in line)  # Python's AST repr says nothing to a user.
         raise ConfigError(f"Could not parse the gin configuration {gin_files} + {gin_params}: "
-                          f"{type(error).__name__}: {detail}") from error
+                          f"{type(error).__name__}: {detail}{_token_hint(str(error), gin_params)}") from error
+
+
+def _token_hint(message: str, gin_params: list[str]) -> str:
+    """For gin's "Failed to parse token 'x'": which binding holds it and how to write a value (a Python literal: a
+    number, True/False, a quoted string, or a @configurable or %MACRO reference)."""
+    token = re.search(r"Failed to parse token '([^']*)'", message)
+    if not token:
+        return ""
+    holder = next((param for param in gin_params if token.group(1) in param.partition("=")[2]), None)
+    name = holder.partition("=")[0].strip() if holder else "NAME"
+    return (f". Gin values are Python literals: {token.group(1)!r} is neither a number, True/False, a quoted string "
+            f"nor a @configurable or %MACRO reference; e.g. --gin_param=\"{name}=0.999\" for a number or "
+            f"--gin_param=\"{name}='{token.group(1)}'\" for a string.")
 
 
 def _resolve(path: str, search_path: str) -> str:

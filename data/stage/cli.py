@@ -112,7 +112,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     own.add_argument("--test_fraction", type=float, help="split one CSV, .npz (arrays x, y), image or text folder: "
                      "this share of the examples (0 < F < 1) becomes test, stratified by class")
     own.add_argument("--seed", type=int, help="with --test_fraction: the seed of the split (default 0)")
-    own.add_argument("--label", default="label", help="the label column (CSV) or feature (TFRecord); default label")
+    own.add_argument("--label", default=None, help="the label column (CSV) or feature (TFRecord); default label")
     own.add_argument("--label_kind", choices=("auto", "class", "number"), default="auto",
                      help="class (classification) or number (regression); auto: text and integers are classes")
     own.add_argument("--force", action="store_true", help="delete and rebuild the dataset if it is staged already")

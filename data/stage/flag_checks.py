@@ -34,6 +34,13 @@ def check_args(args) -> None:
     if args.text is not None and not args.from_csv:
         raise ConfigError(f"--text={args.text} names the text column of --from_csv; for --dataset and the other "
                           "sources drop it (--from_text_folder reads one text per .txt file).")
+    if args.label is not None and not (args.from_csv or args.from_tfrecord):
+        source = next((f"--{flag}" for flag in ("from_npz", "from_image_folder", "from_text_folder", "dataset")
+                       if getattr(args, flag, None)), "this source")
+        raise ConfigError(f"--label={args.label} names the label column of --from_csv or feature of --from_tfrecord; "
+                          f"{source} has its own labels (an .npz's labels array via --npz_keys, a folder's class "
+                          "folders): drop --label.")
+    args.label = "label" if args.label is None else args.label
     if args.dataset:
         if args.test_fraction is not None:
             raise ConfigError(f"--test_fraction={args.test_fraction} splits your own data (--from_csv, --from_npz, "

@@ -38,6 +38,9 @@ def eval_table(step: int, metrics: dict, seconds: float) -> str:
     width = max(len(name) for name in metrics)
     rows = [f"eval step {step} ({seconds:.1f} s)", f"  {'metric':<{width}}  value"]
     rows += [f"  {name:<{width}}  {value:.4f}" for name, value in metrics.items()]
+    if any(name.startswith("raw_") for name in metrics):  # EMA_DECAY is set (training/learning/ema.py).
+        rows.append("  (EMA_DECAY: the unprefixed rows are the averaged weights', which BEST_METRIC ranks and the "
+                    "export serves; raw_*: the trained weights')")
     return "\n".join(rows)
 
 

@@ -41,6 +41,9 @@ def data_identity(builder) -> dict:
     if staged is not None:
         identity["DATA_FINGERPRINT"] = staged_source.digest(staged)
         identity["DATA_STAGED"] = f"{staged.get('source')}, staged {staged.get('staged', 'at an unrecorded time')}"
+        settings = staged.get("settings")
+        if isinstance(settings, dict):  # The staging flags, to name the one that changed (--image_size, --label...).
+            identity["DATA_STAGED_SETTINGS"] = {flag: value for flag, value in settings.items() if value is not None}
     return identity
 
 
@@ -54,6 +57,21 @@ def changes(previous: dict, current: dict, keys=None) -> list[str]:
             if key in previous and key in current and previous[key] != current[key]]
 
 
+def _staging_difference(previous: dict, current: dict) -> str:
+    """' with --image_size=64,64 (the checkpoint's data: --image_size=32,32)' for the staging flags that differ
+    between the two runs' data; ' from another source' when none recorded differs (the files' contents do)."""
+    before, now = previous.get("DATA_STAGED_SETTINGS"), current.get("DATA_STAGED_SETTINGS")
+    if not (isinstance(before, dict) and isinstance(now, dict)):
+        return " from another source"
+    flags = sorted(flag for flag in set(before) | set(now) if before.get(flag) != now.get(flag))
+    if not flags:
+        return " from another source"
+
+    def given(settings: dict) -> str:
+        return " ".join(f"--{flag}={settings[flag]}" if flag in settings else f"no --{flag}" for flag in flags)
+    return f" with {given(now)} (the checkpoint's data: {given(before)})"
+
+
 def check_resume(previous: dict | None, current: dict, *, model_dir: str, data_dir: str | None = None) -> None:
     """A ConfigError if a setting of STRICT_KEYS, or the staged data's fingerprint, differs from the checkpoint's
     run."""
@@ -61,7 +79,7 @@ def check_resume(previous: dict | None, current: dict, *, model_dir: str, data_d
     if changes(previous, current, ["DATA_FINGERPRINT"]) and not changes(previous, current, ["DATASET"]):
         where = f" in {data_dir}" if data_dir else ""
         raise ConfigError(f"{model_dir} holds a checkpoint of a run on other data: DATASET={current['DATASET']!r}"
-                          f"{where} was staged again from another source since (the checkpoint's "
+                          f"{where} was staged again{_staging_difference(previous, current)} since (the checkpoint's "
                           f"{previous['DATA_FINGERPRINT']} from {previous.get('DATA_STAGED', 'an unrecorded source')}; "
                           f"now {current['DATA_FINGERPRINT']} from {current.get('DATA_STAGED')}). Resuming would "
                           "continue the run on other data: pass a new --model_dir to train on this data from scratch, "
