@@ -11,6 +11,7 @@ import logging
 import numpy as np
 
 from common.errors import ConfigError
+from data.stage import utf8_text
 from data.stage.sources import check_finite
 
 log = logging.getLogger(__name__)
@@ -121,16 +122,11 @@ def _read_csv_rows(path: str) -> list[list[str]]:
     spreadsheet's binary format, a compressed file), which Python's csv module would fail on with a traceback."""
     import tensorflow as tf
 
-    try:
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            text = handle.read().decode("utf-8-sig")  # -sig: Excel's "CSV UTF-8" starts with a byte-order mark.
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"--from_csv: {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset "
-                          f"{error.start}): save it as CSV in UTF-8 (e.g. iconv -f latin1 -t utf-8, or the "
-                          "spreadsheet's 'CSV UTF-8' format).") from None
-    if "\0" in text:
-        raise ConfigError(f"--from_csv: {path} holds NUL bytes, so it is not a text CSV file (a binary or compressed "
-                          "file?): export it as CSV in UTF-8.")
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        text = utf8_text.decode(handle.read(), named=f"--from_csv: {path}",
+                                not_utf8_fix="save it as CSV in UTF-8 (e.g. iconv -f latin1 -t utf-8, or the "
+                                             "spreadsheet's 'CSV UTF-8' format).",
+                                binary_fix="CSV file (a binary or compressed file?): export it as CSV in UTF-8.")
     try:
         return [row for row in csv.reader(io.StringIO(text, newline="")) if row]
     except csv.Error as error:

@@ -9,6 +9,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.storage_paths import join, list_folder
+from data.stage import utf8_text
 from data.stage.class_folders import checked_class_names
 
 TEXT_EXTENSIONS = (".txt",)
@@ -66,14 +67,8 @@ def _read_text(path: str) -> str:
     import tensorflow as tf
 
     with tf.io.gfile.GFile(path, "rb") as handle:
-        data = handle.read()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"--from_text_folder: {path} is not UTF-8 text (byte {data[error.start]:#04x} at offset "
-                          f"{error.start}): convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8 {path}), or remove "
-                          "it.") from None
-    if "\0" in text:
-        raise ConfigError(f"--from_text_folder: {path} holds NUL bytes, so it is not a text file (a binary or "
-                          "compressed file?): remove it, or save it as UTF-8 text.")
-    return text
+        return utf8_text.decode(handle.read(), named=f"--from_text_folder: {path}",
+                                  not_utf8_fix=f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8 {path}), or "
+                                               "remove it.",
+                                  binary_fix="file (a binary or compressed file?): remove it, or save it as UTF-8 "
+                                             "text.")
