@@ -32,12 +32,13 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["LEARNING_RATE=-0.1"], "LEARNING_RATE=-0.1 must be a finite number > 0"),
     (["PRECISION='float8'"], "PRECISION='float8' is not one of"),
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
-    (["experiment.optimizer='lion'"], "Unknown experiment.optimizer='lion'. Known optimizers: adam, adamw, sgd. "
-                                      "Register a new one in training/learning/optimizers.py; e.g. "
+    (["experiment.optimizer='lion'"], "Unknown experiment.optimizer='lion'. Known optimizers: adam, adamw, "
+                                      "lamb, lars, sgd. Register a new one in training/learning/optimizers.py; e.g. "
                                       "--gin_param=\"experiment.optimizer='adam'\"."),
-    (["experiment.lr_schedule='step'"], "Unknown experiment.lr_schedule='step'. Known schedules: constant, cosine. "
-                                        "Register a new one in training/learning/optimizers.py; e.g. "
-                                        "--gin_param=\"experiment.lr_schedule='cosine'\"."),
+    (["experiment.lr_schedule='onecycle'"], "Unknown experiment.lr_schedule='onecycle'. Known schedules: "
+                                            "constant, cosine, polynomial, step. Register a new one in "
+                                            "training/learning/schedules.py; e.g. "
+                                            "--gin_param=\"experiment.lr_schedule='cosine'\"."),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
     # Checked with the config, before the strategy is made (on a TPU that takes minutes); here no TPU exists.
     (["STRATEGY='tpu'", "PROFILE_STEPS=(5, 2)"], "PROFILE_STEPS=(5, 2) must be (start, stop) with 0 <= start < stop"),
