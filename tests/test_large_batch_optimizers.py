@@ -236,6 +236,7 @@ def test_the_invariance_check_catches_a_double_gradient_sum_under_lars(data_dir,
     * g), so a doubled gradient sum would hide in its kernels; the excluded biases and BatchNormalization (plain
     momentum SGD) and the weight-decay term still show it, and the check fails far outside 1e-9."""
     from test_replica_invariance import CASES, PLANTED_BUGS, _shipped
+
     from tools import replica_invariance
 
     config_file, params, _ = CASES["cnn-lars-polynomial"]

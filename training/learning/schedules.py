@@ -50,7 +50,7 @@ class WarmupThen(keras.optimizers.schedules.LearningRateSchedule):
         warmup = self.learning_rate * step / float(self.warmup_steps)
         return tf.where(step < float(self.warmup_steps), warmup, self.after(step))
 
-    def get_config(self):
+    def get_config(self):  # For display: `after` is a closure, so this schedule is not rebuilt from its config.
         return {"learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps}
 
 
