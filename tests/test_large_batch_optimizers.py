@@ -245,3 +245,45 @@ def test_the_invariance_check_catches_a_double_gradient_sum_under_lars(data_dir,
     passed, table = replica_invariance.report(runs, probe)
     print(table)
     assert not passed and runs[1].worst_difference > 1e4 * replica_invariance.TOLERANCE, table
+
+
+def test_a_lars_run_resumed_from_its_checkpoint_continues_bit_for_bit(tmp_path, small_config):
+    """LARS' momentum slots are checkpointed and its treatment of each variable is rebuilt the same: 20 steps, a
+    restore into a new Trainer, 20 more equals 40 straight (exactly, on CPU), on the polynomial decay with warm-up.
+    Negative control: a resume that lost the momentum slots (zeroed) ends elsewhere."""
+    from tpu_utils.strategy import make_strategy
+    from training.controller import Controller
+    from training.run_directory.layout import RunDirectory
+    from training.trainer import Trainer
+
+    gin.parse_config(["polynomial.warmup_steps = 5"])
+    config = {"optimizer": "lars", "lr_schedule": "polynomial", "learning_rate": 10.0}
+
+    def run(model_dir, *, first_steps=0, zero_slots=False):
+        """40 steps in all (TRAIN_STEPS=40 throughout: the schedule's curve is the same); first_steps > 0: that
+        many, a checkpoint, then the rest in a new Trainer restored from it."""
+        def trainer_and_controller():
+            trainer = Trainer(small_config(train_steps=40, **config), make_strategy("default"))
+            return trainer, Controller(trainer, RunDirectory(str(model_dir)))
+
+        trainer, controller = trainer_and_controller()
+        controller.restore()
+        if first_steps:
+            trainer.train(trainer.train_iterator(), first_steps)
+            controller._save(first_steps)  # The checkpoint a run interrupted after `first_steps` leaves.
+            trainer, controller = trainer_and_controller()
+            controller.restore()
+            assert trainer.step == first_steps
+            if zero_slots:
+                for variable in trainer.optimizer.variables:
+                    if "momentum" in variable.path:
+                        variable.assign(np.zeros(variable.shape, variable.dtype))
+        trainer.train(trainer.train_iterator(), 40 - trainer.step)
+        return [variable.numpy() for variable in trainer.model.weights]
+
+    straight = run(tmp_path / "straight")
+    resumed = run(tmp_path / "resumed", first_steps=20)
+    for a, b in zip(resumed, straight, strict=True):
+        np.testing.assert_array_equal(a, b)
+    lost = run(tmp_path / "lost", first_steps=20, zero_slots=True)
+    assert _worst(straight, lost) > 1e-4
