@@ -39,6 +39,13 @@ DIGITS = "configs/experiments/digits_mlp.gin"
                                             "constant, cosine, polynomial, step. Register a new one in "
                                             "training/learning/schedules.py; e.g. "
                                             "--gin_param=\"experiment.lr_schedule='cosine'\"."),
+    (["experiment.lr_schedule='step'", "step.boundaries=[500, 2000]"],
+     "step.boundaries=[500, 2000] (steps [500, 2000]) must lie after step.warmup_steps=0 and before TRAIN_STEPS=1000: "
+     "move the boundaries inside, lower step.warmup_steps or raise TRAIN_STEPS."),
+    (["cosine.warmup_steps=1000"], "cosine.warmup_steps=1000 must be an integer >= 0 and < TRAIN_STEPS=1000: lower "
+                                   "cosine.warmup_steps or raise TRAIN_STEPS."),
+    (["experiment.optimizer='lars'", "lars.exclude_from_weight_decay='bias'"],
+     "lars.exclude_from_weight_decay='bias' must be a list of regular expressions"),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
     # Checked with the config, before the strategy is made (on a TPU that takes minutes); here no TPU exists.
     (["STRATEGY='tpu'", "PROFILE_STEPS=(5, 2)"], "PROFILE_STEPS=(5, 2) must be (start, stop) with 0 <= start < stop"),
