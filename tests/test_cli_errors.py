@@ -32,12 +32,20 @@ DIGITS = "configs/experiments/digits_mlp.gin"
     (["LEARNING_RATE=-0.1"], "LEARNING_RATE=-0.1 must be a finite number > 0"),
     (["PRECISION='float8'"], "PRECISION='float8' is not one of"),
     (["VIRTUAL_DEVICES=2"], "VIRTUAL_DEVICES=2 only works with STRATEGY='mirrored'"),
-    (["experiment.optimizer='lion'"], "Unknown experiment.optimizer='lion'. Known optimizers: adam, adamw, sgd. "
-                                      "Register a new one in training/learning/optimizers.py; e.g. "
+    (["experiment.optimizer='lion'"], "Unknown experiment.optimizer='lion'. Known optimizers: adam, adamw, "
+                                      "lamb, lars, sgd. Register a new one in training/learning/optimizers.py; e.g. "
                                       "--gin_param=\"experiment.optimizer='adam'\"."),
-    (["experiment.lr_schedule='step'"], "Unknown experiment.lr_schedule='step'. Known schedules: constant, cosine. "
-                                        "Register a new one in training/learning/optimizers.py; e.g. "
-                                        "--gin_param=\"experiment.lr_schedule='cosine'\"."),
+    (["experiment.lr_schedule='onecycle'"], "Unknown experiment.lr_schedule='onecycle'. Known schedules: "
+                                            "constant, cosine, polynomial, step. Register a new one in "
+                                            "training/learning/schedules.py; e.g. "
+                                            "--gin_param=\"experiment.lr_schedule='cosine'\"."),
+    (["experiment.lr_schedule='step'", "step.boundaries=[500, 2000]"],
+     "step.boundaries=[500, 2000] (steps [500, 2000]) must lie after step.warmup_steps=0 and before TRAIN_STEPS=1000: "
+     "move the boundaries inside, lower step.warmup_steps or raise TRAIN_STEPS."),
+    (["cosine.warmup_steps=1000"], "cosine.warmup_steps=1000 must be an integer >= 0 and < TRAIN_STEPS=1000: lower "
+                                   "cosine.warmup_steps or raise TRAIN_STEPS."),
+    (["experiment.optimizer='lars'", "lars.exclude_from_weight_decay='bias'"],
+     "lars.exclude_from_weight_decay='bias' must be a list of regular expressions"),
     (["mlp.no_such_argument=1"], "Could not parse the gin configuration"),
     # An unquoted string: gin's own text is Python's AST repr; ours says what a value may be and how to write it.
     (["EMA_DECAY=x"], "Failed to parse token 'x' (line 1). Gin values are Python literals: 'x' is neither a number, "

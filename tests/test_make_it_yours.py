@@ -24,12 +24,12 @@ def guide():
     are restored after the module's tests."""
     from data import registry as datasets
     from models import registry as models
-    from training.learning import losses, metrics, optimizers
+    from training.learning import losses, metrics, schedules
     from training.observers import standard as observers
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         for module, name in ((models, "MODELS"), (losses, "LOSSES"), (metrics, "METRICS"),
-                             (optimizers, "SCHEDULES"), (datasets, "DATASETS"), (observers, "OBSERVERS")):
+                             (schedules, "SCHEDULES"), (datasets, "DATASETS"), (observers, "OBSERVERS")):
             monkeypatch.setattr(module, name, dict(getattr(module, name)))
         # Functions that read a registry look it up in their module at call time: they see the copies.
         blocks = _code_blocks()
@@ -83,7 +83,7 @@ def test_the_guides_task_learns_parity_and_serves_its_class_names(data_dir, guid
 
 
 def test_the_guides_step_decay_schedule_decays_at_its_boundaries(guide):
-    from training.learning.optimizers import SCHEDULES
+    from training.learning.schedules import SCHEDULES
 
     schedule = SCHEDULES["step_decay"](0.1, 1000)
     assert [round(float(schedule(step)), 6) for step in (0, 499, 501, 751)] == [0.1, 0.1, 0.01, 0.001]

@@ -70,6 +70,21 @@ CASES = {
     # The fine-tune example's two runs (docs/make_it_yours.md), from scratch (INIT_FROM only sets the start).
     "digits-0-4-pretrain-cnn": ("configs/experiments/digits_0_4_pretrain.gin", (), [1, 2, 4]),
     "digits-5-9-fine-tune-cnn": ("configs/experiments/digits_5_9_fine_tune.gin", (), [1, 2, 4]),
+    # Large-batch optimizers and schedules (training/learning/lars.py, optimizers.py, schedules.py), past their
+    # warm-ups: LARS on the CNN (its biases and BatchNormalization excluded from decay and the trust ratio) with the
+    # polynomial decay and label smoothing, as configs/tpu/resnet50_imagenet_v3_32_pod_lars.gin; LAMB with the step
+    # schedule at fractions of TRAIN_STEPS (boundaries at steps 20 and 40 of the 60 run); AdamW with biases excluded
+    # from its weight decay, on the polynomial decay.
+    "cnn-lars-polynomial": (DEFAULT, ("experiment.optimizer='lars'", "LEARNING_RATE=10.0",
+                                      "experiment.lr_schedule='polynomial'", "polynomial.warmup_steps=20",
+                                      "softmax_cross_entropy.label_smoothing=0.1"), [1, 2, 4]),
+    "mlp-lamb-step": (MLP, ("experiment.optimizer='lamb'", "LEARNING_RATE=0.001", "TRAIN_STEPS=100",
+                            "experiment.lr_schedule='step'", "step.boundaries=[0.2, 0.4]", "step.warmup_steps=10"),
+                      [1, 2, 4]),
+    "mlp-adamw-exclude-bias-polynomial": (MLP, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001",
+                                                "adamw.exclude_from_weight_decay=['bias']", "TRAIN_STEPS=100",
+                                                "experiment.lr_schedule='polynomial'", "polynomial.warmup_steps=10"),
+                                          [1, 2, 4]),
 }
 
 

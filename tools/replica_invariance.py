@@ -203,14 +203,10 @@ def report(runs: list[ReplicaRun], probe: Probe | None = None, tolerance: float 
 
 
 def default_steps() -> int:
-    """MIN_STEPS, or 10 past the end of the configured warm-up if that is later."""
-    import gin
+    """MIN_STEPS, or 10 past the end of the configured warm-up (of any schedule) if that is later."""
+    from training.learning.schedules import warmup_steps_bound
 
-    try:
-        warmup = int(gin.query_parameter("cosine.warmup_steps"))
-    except ValueError:
-        warmup = 0
-    return max(MIN_STEPS, warmup + 10)
+    return max(MIN_STEPS, warmup_steps_bound() + 10)
 
 
 def main(argv: list[str]) -> int:
@@ -223,7 +219,7 @@ def main(argv: list[str]) -> int:
                         help="comma-separated ACCUMULATE_STEPS to run at each replica count, e.g. 1,2,4 (models "
                              "without BatchNormalization); default: the config's")
     parser.add_argument("--steps", type=int, default=None,
-                        help=f"steps per replica count; default max({MIN_STEPS}, cosine.warmup_steps + 10)")
+                        help=f"steps per replica count; default max({MIN_STEPS}, the schedule's warmup_steps + 10)")
     parser.add_argument("--force_regularization", action=argparse.BooleanOptionalAction, default=True,
                         help=f"add a kernel L2 of {PROBE_KERNEL_L2:g} if the model has no regularization loss")
     parser.add_argument("--force_clipping", action=argparse.BooleanOptionalAction, default=True,

@@ -27,6 +27,7 @@ CONFIGS = {
                        32: "cifar10_resnet_v3_32_pod.gin"},
     "resnet50_imagenet": {4: "resnet50_imagenet_v4_8.gin", 8: "resnet50_imagenet_v3_8.gin",
                           32: "resnet50_imagenet_v3_32_pod.gin"},
+    "resnet50_imagenet_lars": {32: "resnet50_imagenet_v3_32_pod_lars.gin"},  # LARS at batch 4096.
     "cifar10_mobilenet_v3_small": {1: "cifar10_mobilenet_v3_small_1_chip.gin"},  # keras.applications (Colab).
 }
 _TARGET_REPLICAS = re.compile(r"^experiment\.target_replicas\s*=\s*(\d+)", re.MULTILINE)

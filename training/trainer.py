@@ -72,7 +72,8 @@ class Trainer:
         with seeded_build(config.precision, config.seed), strategy.scope():
             self.model = _build_model(config, model_builder, self.task, model_options, bound_arguments)
             self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
-                                            schedule=config.lr_schedule, train_steps=config.train_steps)
+                                            schedule=config.lr_schedule, train_steps=config.train_steps,
+                                            variables=self.model.trainable_variables)
             if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             # experiment.trainable / frozen: the variables the optimizer builds slots for and updates.

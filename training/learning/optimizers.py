@@ -3,30 +3,24 @@
 Call `make_optimizer` inside `strategy.scope()` and build it before tracing (see training/trainer.py): an optimizer
 made outside the scope counts `iterations` once per replica, which silently breaks learning-rate schedules.
 Do not set Keras' clipnorm/clipvalue here: they clip each replica's gradients before the sum. Clipping is done on
-the summed gradients in training/learning/step.py.
+the summed gradients in training/learning/step.py. The schedules are in training/learning/schedules.py (`SCHEDULES`,
+looked up there when the optimizer is made).
+
+Weight-decay exclusion (`exclude_from_weight_decay`: regular expressions matched against `variable.path`, e.g.
+'dense/bias', 'batch_normalization/gamma'): Keras' own `exclude_from_weight_decay(var_names=...)` matches
+`variable.name`, which in Keras 3 is the bare 'bias' or 'gamma' without the layer, so the patterns are resolved to the
+variables by path here (`exclude_by_path`), once the model exists, before the optimizer is built.
 """
+
+import re
 
 import gin
 import keras
 
 from common.errors import ConfigError
 from common.registry import lookup
-
-
-@gin.configurable
-def constant(learning_rate: float, train_steps: int):
-    del train_steps
-    return learning_rate
-
-
-@gin.configurable
-def cosine(learning_rate: float, train_steps: int, *, warmup_steps: int = 0, final_fraction: float = 0.0):
-    """Linear warm-up from 0 over `warmup_steps`, then cosine decay to `final_fraction * learning_rate`."""
-    if not 0 <= warmup_steps < train_steps:
-        raise ConfigError(f"cosine.warmup_steps={warmup_steps} must be >= 0 and < TRAIN_STEPS={train_steps}.")
-    return keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0 if warmup_steps else learning_rate, decay_steps=train_steps - warmup_steps,
-        alpha=final_fraction, warmup_target=learning_rate if warmup_steps else None, warmup_steps=warmup_steps)
+from training.learning import schedules
+from training.learning.lars import DEFAULT_EXCLUDE, LARS, matches_any
 
 
 def _decay_rate(name: str, value, example: float) -> float:
@@ -38,10 +32,44 @@ def _decay_rate(name: str, value, example: float) -> float:
     return float(value)
 
 
+def _patterns(name: str, value) -> tuple[str, ...]:
+    """`value` as a tuple of regular expressions, else a ConfigError naming the setting."""
+    example = f"e.g. --gin_param=\"{name}=['bias', 'batch_normalization']\""
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+            isinstance(pattern, str) and pattern for pattern in value):
+        raise ConfigError(f"{name}={value!r} must be a list of regular expressions matched against variable "
+                          f"paths; {example}.")
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"{name}: {pattern!r} is not a regular expression ({error}); {example}.") from None
+    return tuple(value)
+
+
+def _excluding(optimizer: keras.optimizers.Optimizer, name: str, patterns) -> keras.optimizers.Optimizer:
+    """Records the weight-decay exclusion patterns on `optimizer`, for `exclude_by_path` to resolve."""
+    optimizer.exclude_from_weight_decay_patterns = _patterns(name, patterns)
+    return optimizer
+
+
+def _non_negative(name: str, value, example) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{name}={value!r} must be a number >= 0; e.g. --gin_param=\"{name}={example}\".")
+    return float(value)
+
+
 @gin.configurable
-def sgd(learning_rate, *, momentum: float = 0.0, nesterov: bool = False, weight_decay: float | None = None):
+def sgd(learning_rate, *, momentum: float = 0.0, nesterov: bool = False, weight_decay: float | None = None,
+        exclude_from_weight_decay=None):
+    """Keras SGD; `weight_decay` is decoupled (w -= learning_rate * weight_decay * w each step), except for the
+    variables whose path matches a pattern of `exclude_from_weight_decay`."""
     momentum = _decay_rate("sgd.momentum", momentum, 0.9)
-    return keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+    return _excluding(keras.optimizers.SGD(learning_rate, momentum=momentum, nesterov=nesterov,
+                                           weight_decay=weight_decay),
+                      "sgd.exclude_from_weight_decay", exclude_from_weight_decay)
 
 
 @gin.configurable
@@ -51,21 +79,70 @@ def adam(learning_rate, *, beta_1: float = 0.9, beta_2: float = 0.999, epsilon: 
 
 
 @gin.configurable
-def adamw(learning_rate, *, weight_decay: float = 0.004, beta_1: float = 0.9, beta_2: float = 0.999):
+def adamw(learning_rate, *, weight_decay: float = 0.004, beta_1: float = 0.9, beta_2: float = 0.999,
+          exclude_from_weight_decay=None):
+    """Keras AdamW (decoupled weight decay), except for the variables whose path matches a pattern of
+    `exclude_from_weight_decay` (e.g. ['bias', 'normalization'])."""
     beta_1, beta_2 = _decay_rate("adamw.beta_1", beta_1, 0.9), _decay_rate("adamw.beta_2", beta_2, 0.999)
-    return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2)
+    return _excluding(keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2),
+                      "adamw.exclude_from_weight_decay", exclude_from_weight_decay)
 
 
-SCHEDULES = {"constant": constant, "cosine": cosine}
-OPTIMIZERS = {"sgd": sgd, "adam": adam, "adamw": adamw}
+@gin.configurable
+def lamb(learning_rate, *, weight_decay: float = 0.01, beta_1: float = 0.9, beta_2: float = 0.999,
+         epsilon: float = 1e-6, exclude_from_weight_decay=DEFAULT_EXCLUDE):
+    """Keras Lamb (You et al. 2019, https://arxiv.org/abs/1904.00962): Adam's step scaled per variable by
+    |w| / |step|. Keras applies `weight_decay` decoupled, before that step (w -= learning_rate * weight_decay * w),
+    not inside the trust ratio as the paper's Algorithm 2 does; every variable gets the trust ratio (Keras has no
+    exclusion from it); `exclude_from_weight_decay` (path patterns) exempts biases and normalization by default."""
+    beta_1, beta_2 = _decay_rate("lamb.beta_1", beta_1, 0.9), _decay_rate("lamb.beta_2", beta_2, 0.999)
+    weight_decay = _non_negative("lamb.weight_decay", weight_decay, 0.01)
+    return _excluding(keras.optimizers.Lamb(learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                                            weight_decay=weight_decay or None),
+                      "lamb.exclude_from_weight_decay", exclude_from_weight_decay)
 
 
-def make_optimizer(name: str, *, learning_rate: float, schedule: str, train_steps: int) -> keras.optimizers.Optimizer:
-    """The optimizer `name` driven by the learning-rate schedule `schedule`."""
+@gin.configurable
+def lars(learning_rate, *, momentum: float = 0.9, weight_decay: float = 1e-4, trust_coefficient: float = 0.001,
+         nesterov: bool = False, exclude_from_weight_decay=DEFAULT_EXCLUDE, exclude_from_layer_adaptation=None):
+    """LARS (training/learning/lars.py): momentum SGD with a per-variable trust ratio; biases and BatchNormalization
+    excluded from weight decay and the trust ratio by default (exclude_from_layer_adaptation=None: the same
+    patterns as exclude_from_weight_decay)."""
+    momentum = _decay_rate("lars.momentum", momentum, 0.9)
+    weight_decay = _non_negative("lars.weight_decay", weight_decay, 1e-4)
+    trust_coefficient = _non_negative("lars.trust_coefficient", trust_coefficient, 0.001)
+    return LARS(learning_rate, momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient,
+                nesterov=nesterov,
+                exclude_from_weight_decay=_patterns("lars.exclude_from_weight_decay", exclude_from_weight_decay),
+                exclude_from_layer_adaptation=None if exclude_from_layer_adaptation is None else _patterns(
+                    "lars.exclude_from_layer_adaptation", exclude_from_layer_adaptation))
+
+
+OPTIMIZERS = {"sgd": sgd, "adam": adam, "adamw": adamw, "lamb": lamb, "lars": lars}
+
+
+def exclude_by_path(optimizer: keras.optimizers.Optimizer, variables) -> list:
+    """Exempts from Keras' weight decay the `variables` whose path matches the optimizer's
+    `exclude_from_weight_decay_patterns` (before the optimizer is built); returns them. LARS does its own."""
+    patterns = getattr(optimizer, "exclude_from_weight_decay_patterns", ())
+    if isinstance(optimizer, LARS) or not patterns:
+        return []
+    excluded = [variable for variable in variables if matches_any(variable.path, patterns)]
+    optimizer.exclude_from_weight_decay(var_list=excluded)
+    return excluded
+
+
+def make_optimizer(name: str, *, learning_rate: float, schedule: str, train_steps: int,
+                   variables=()) -> keras.optimizers.Optimizer:
+    """The optimizer `name` driven by the learning-rate schedule `schedule`; `variables` (the model's) are where
+    its weight-decay exclusion patterns apply."""
     optimizer = lookup(OPTIMIZERS, name, named=f"experiment.optimizer={name!r}", known="optimizers",
                        where="training/learning/optimizers.py",
                        hint="; e.g. --gin_param=\"experiment.optimizer='adam'\"")
-    make_schedule = lookup(SCHEDULES, schedule, named=f"experiment.lr_schedule={schedule!r}", known="schedules",
-                           where="training/learning/optimizers.py",
+    make_schedule = lookup(schedules.SCHEDULES, schedule, named=f"experiment.lr_schedule={schedule!r}",
+                           known="schedules",
+                           where="training/learning/schedules.py",
                            hint="; e.g. --gin_param=\"experiment.lr_schedule='cosine'\"")
-    return optimizer(make_schedule(learning_rate, train_steps))
+    optimizer = optimizer(make_schedule(learning_rate, train_steps))
+    exclude_by_path(optimizer, variables)
+    return optimizer
