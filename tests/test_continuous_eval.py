@@ -57,24 +57,33 @@ def assert_evaluated_once(model_dir: str, steps: list[int]) -> None:
     assert _event_counts(model_dir) == collections.Counter(steps)
 
 
-def _sidecar_killed_after(model_dir: str, marker: str, *extra: str) -> list[str]:
-    """Starts the sidecar, SIGKILLs it as soon as a stdout line contains `marker`; returns its output lines."""
-    process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS, *SIDECAR, *extra,
-                                f"--model_dir={model_dir}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    lines = []
-    try:
-        for line in process.stdout:
-            lines.append(line)
-            if marker in line:
-                process.send_signal(signal.SIGKILL)
-                break
-        process.wait(timeout=60)
-    finally:
-        process.kill()
-        process.stdout.close()
-    assert process.returncode == -signal.SIGKILL, "".join(lines)
-    return lines
+# train.py, SIGKILLed at a chosen point of the sidecar: "ledger" just before the ledger record of step N (evaluated,
+# not recorded), "events" just before its TensorBoard events (recorded, no events yet).
+KILLED_AT = """
+import os, signal, sys
+import train
+from training.observers.summaries import Summaries
+from training.run_directory.history import History
+where, kill_step = sys.argv[1], int(sys.argv[2])
+cls, name, position = (History, "record_eval", 0) if where == "ledger" else (Summaries, "scalars", 1)
+original = getattr(cls, name)
+def killing(self, *args, **kwargs):
+    if args[position] == kill_step:
+        print(f"killing the sidecar before the {where} of step {kill_step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(self, *args, **kwargs)
+setattr(cls, name, killing)
+sys.exit(train.main(["train.py"] + sys.argv[3:]))
+"""
+
+
+def _sidecar_killed_at(model_dir: str, where: str, step: int) -> subprocess.CompletedProcess:
+    """Runs the sidecar until the point `where` ('ledger' or 'events') of `step`, where it SIGKILLs itself."""
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT, where, str(step), *ARGS, *SIDECAR,
+                             f"--model_dir={model_dir}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert f"killing the sidecar before the {where} of step {step}" in killed.stdout
+    return killed
 
 
 @pytest.fixture(scope="module")
@@ -87,20 +96,24 @@ def trained(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def killed_and_restarted(trained):
-    """The sidecar SIGKILLed right after it logged its second evaluation (in the third one, or recording it), then
-    the same command again."""
-    killed = _sidecar_killed_after(trained, "eval step 100")
-    restarted = run_train_py(*ARGS, *SIDECAR, f"--model_dir={trained}")
-    return killed, restarted
+    """The sidecar SIGKILLed after evaluating step 150 but before recording it; restarted and SIGKILLed after
+    recording step 250 but before its TensorBoard events; restarted again to the end."""
+    first = _sidecar_killed_at(trained, "ledger", 150)
+    second = _sidecar_killed_at(trained, "events", 250)
+    last = run_train_py(*ARGS, *SIDECAR, f"--model_dir={trained}")
+    return first, second, last
 
 
 @pytest.mark.slow
 def test_the_sidecar_evaluates_each_checkpoint_once_across_its_sigkill(trained, killed_and_restarted):
-    _, restarted = killed_and_restarted
-    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
-    assert "evaluated': [50, 100, 150, 200, 250, 300], 'skipped': []" in restarted.stdout
+    first, second, last = killed_and_restarted
+    assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-3000:]
+    assert "evaluated': [50, 100, 150, 200, 250, 300], 'skipped': []" in last.stdout
     assert_evaluated_once(trained, STEPS)
-    assert "eval step 50 " not in restarted.stdout  # Recorded before the kill: not evaluated again.
+    evaluated = [[step for step in STEPS if f"eval step {step} " in run.stdout] for run in killed_and_restarted]
+    # Step 150 was evaluated again after the first kill (it had no record); 250 was not (recorded, events written
+    # at the restart).
+    assert evaluated == [[50, 100, 150], [150, 200, 250], [300]], evaluated
 
 
 @pytest.mark.slow
@@ -208,7 +221,7 @@ def test_on_gcs_the_sidecar_evaluates_each_checkpoint_once_across_its_sigkill(gc
     model_dir = f"gs://{gcs_bucket}/runs/digits"
     result = run_train_py(*ARGS, f"--model_dir={model_dir}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    _sidecar_killed_after(model_dir, "eval step 100")
+    _sidecar_killed_at(model_dir, "ledger", 150)
     restarted = run_train_py(*ARGS, *SIDECAR, f"--model_dir={model_dir}")
     assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
     assert_evaluated_once(model_dir, STEPS)
