@@ -147,6 +147,40 @@ def test_a_restart_without_the_ledger_evaluates_twice_and_the_check_catches_it(t
         assert_evaluated_once(copy, STEPS)
 
 
+# train.py with the checkpoint of step 150 deleted (as the training job's rotation does) after the sidecar read it
+# back and before it restored it.
+ROTATED_WHILE_READ = """
+import sys
+import tensorflow as tf
+import train
+from training import continuous_eval
+original = continuous_eval.verify
+def verify_then_rotate(prefix):
+    reason = original(prefix)
+    if prefix.endswith("ckpt-150"):
+        for name in tf.io.gfile.glob(prefix + ".*"):
+            tf.io.gfile.remove(name)
+    return reason
+continuous_eval.verify = verify_then_rotate
+sys.exit(train.main(["train.py"] + sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_checkpoint_rotated_away_while_read_is_recorded_as_skipped(trained, killed_and_restarted, tmp_path):
+    copy = str(tmp_path / "run")
+    shutil.copytree(trained, copy)
+    shutil.rmtree(os.path.join(copy, "eval_sidecar"))
+    result = subprocess.run([sys.executable, "-c", ROTATED_WHILE_READ, *ARGS, *SIDECAR, f"--model_dir={copy}"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Checkpoint of step 150 not evaluated: rotated away while the sidecar read it" in result.stdout
+    ledger = _ledger(copy)
+    assert [(record["step"], record["kind"]) for record in ledger] == [
+        (step, "skipped" if step == 150 else "eval") for step in STEPS]
+    assert _event_counts(copy) == collections.Counter(step for step in STEPS if step != 150)
+
+
 def test_without_a_run_the_sidecar_times_out_with_exit_2(tmp_path):
     result = run_train_py(*ARGS, *SIDECAR, "--gin_param=continuous_eval.timeout_seconds=2",
                           f"--model_dir={tmp_path / 'none'}")

@@ -170,7 +170,9 @@ class Sidecar:
         if reason is None:
             try:
                 self.trainer.restore(path)
-            except (tf.errors.NotFoundError, tf.errors.DataLossError) as error:  # Deleted while being read.
+            except (tf.errors.OpError, ValueError) as error:  # Rotated away between the read-back and the restore?
+                if step in checkpoint_steps(self.run_dir.checkpoint_dir):
+                    raise
                 reason = f"unreadable ({type(error).__name__})"
         if reason is not None:
             gone = step not in checkpoint_steps(self.run_dir.checkpoint_dir)
