@@ -29,7 +29,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help='gin binding applied after the files, e.g. "TRAIN_STEPS=500" (repeatable)')
     parser.add_argument("--model_dir", default=None,
                         help="run directory, local or gs://; default runs/<experiment name> (rerunning resumes)")
-    parser.add_argument("--mode", choices=("train", "eval", "export"), default="train")
+    parser.add_argument("--mode", choices=("train", "eval", "export", "continuous_eval"), default="train",
+                        help="continuous_eval: a sidecar evaluating each new checkpoint of a training job's model_dir "
+                             "once (docs/sidecar_eval.md)")
     parser.add_argument("--preflight", action="store_true",
                         help="check the config on this CPU (for TPU configs: at their replica count, with an XLA "
                              "compile) without training; exit 0 if it passes, 5 if not")

@@ -72,7 +72,8 @@ class Controller:
         if trainer.ema is not None:  # The EMA weights' under the usual names, the trained ones' as raw_<name>.
             evaluated = (*evaluated, *(f"raw_{name}" for name in evaluated))
         self.history = History(run_dir, metric=metric, mode=mode, evaluated=evaluated)
-        self.best = BestKeeper(trainer, run_dir) if self.config.best_metric else None
+        # With EVAL_EVERY=0 the sidecar evaluator (--mode=continuous_eval) keeps best/: one writer of it.
+        self.best = BestKeeper(trainer, run_dir) if self.config.best_metric and self.config.eval_every else None
         parts = RunParts(trainer=trainer, run_dir=run_dir, store=self.store, history=self.history, best=self.best,
                          any_worker=self._any_worker, model_settings=model_settings or {}, may_write=self._may_write)
         self.observers = make_observers(parts, self.config.observers) if observers is None else list(observers)

@@ -16,11 +16,12 @@ from common.extras import check_gcs_paths
 from common.storage_errors import transient
 from models.registry import get_model_builder
 from tpu_utils.strategy import is_chief, make_strategy
+from training import continuous_eval, stop_signals
 from training import preflight as preflight_module
-from training import stop_signals
 from training.config import ExperimentConfig
 from training.controller import Controller
 from training.observers.profiling import check_port_free
+from training.run_directory import identity as run_identity
 from training.run_directory import lock as run_lock
 from training.run_directory.layout import RunDirectory
 from training.run_directory.storage_guard import StorageGuard
@@ -29,16 +30,19 @@ from training.trainer import Trainer
 log = logging.getLogger(__name__)
 
 experiment = gin.external_configurable(ExperimentConfig, name="experiment")
+continuous_eval_settings = gin.external_configurable(continuous_eval.ContinuousEvalSettings, name="continuous_eval")
 
 
 def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
-    """Builds the configured experiment and runs `mode` ('train', 'eval' or 'export'); returns its metrics.
+    """Builds the configured experiment and runs `mode` ('train', 'eval', 'export' or 'continuous_eval': the sidecar
+    evaluator, training/continuous_eval.py); returns its metrics.
 
     `command` (the exact command line) is recorded in model_dir/command.txt. A stop requested by SIGTERM/SIGINT
     before training ends the run (exit 3) before anything is written; the run lock is taken before the first write.
     """
     stop_signals.stop_if_requested("before training started")
     config = experiment()  # All fields come from gin (configs/base.gin binds them to docs/configuration.md's macros).
+    settings = continuous_eval_settings() if mode == "continuous_eval" else None  # A bad value: exit 2 now.
     # Buckets first: a missing or read-only bucket must not cost a TPU start-up or a training loop.
     check_gcs_paths({"DATA_DIR": config.data_dir, "model_dir": model_dir}, tpu_zone=config.tpu_zone,
                     timeout_seconds=config.storage_timeout_seconds)
@@ -56,6 +60,11 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
                            guard=StorageGuard(timeout_seconds=config.storage_timeout_seconds))
     if mode == "train" and run_dir.is_chief:  # Taken now: refused before the data and the model are built.
         check_port_free(config.profiler_port)
+    if mode == "train" and continuous_eval.keeps_best(config):
+        log.info("BEST_METRIC=%r with EVAL_EVERY=0: best/ and export/best/ are kept by the sidecar evaluator "
+                 "(--mode=continuous_eval, docs/sidecar_eval.md), not by this job.", config.best_metric)
+    if mode == "continuous_eval":  # Never the training job's lock: the sidecar holds eval_sidecar/run.lock.
+        return _continuous_eval(config, strategy, run_dir, settings)
     with _lock_for(mode, run_dir) as writable:
         try:
             stop_signals.stop_if_requested("before training started")
@@ -104,6 +113,17 @@ def _lock_for(mode: str, run_dir: RunDirectory):
     finally:
         if lock is not None:
             lock.release()
+
+
+def _continuous_eval(config, strategy, run_dir: RunDirectory, settings) -> dict:
+    """--mode=continuous_eval: evaluates each new checkpoint of model_dir once (training/continuous_eval.py)."""
+    try:
+        trainer = Trainer(config, strategy, training=False, bound_arguments=bound_model_arguments)
+        identity = run_identity.run_identity(config, model_settings(config.model),
+                                             data=run_identity.data_identity(trainer.builder))
+        return continuous_eval.run_sidecar(trainer, run_dir, settings, identity=identity)
+    finally:
+        run_dir.cleanup()
 
 
 def _evaluate(controller: Controller, *, recorded: bool) -> dict:

@@ -196,6 +196,14 @@ class CheckpointStore:
             tf.io.gfile.remove(name)
 
 
+def named_steps(directory: str) -> list[int]:
+    """Steps of the checkpoints the `checkpoint` state file names and whose files are present, ascending: the ones a
+    run has read back intact (it names a checkpoint only then), e.g. for a sidecar evaluator to read."""
+    present = set(checkpoint_steps(directory))
+    named = {int(path.rsplit("-", 1)[1]) for path in _read_state(directory) if re.search(r"ckpt-\d+$", path)}
+    return sorted(named & present)
+
+
 def _read_state(directory: str) -> list[str]:
     """Paths the `checkpoint` state file names, newest first; [] if it is missing, empty or garbled."""
     try:

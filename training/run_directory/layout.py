@@ -11,6 +11,7 @@
     train/, eval/           TensorBoard event files (training/observers/summaries.py); hparams events in model_dir
     itself plugins/profile/        the PROFILE_STEPS trace (training/observers/profiling.py)
     best/                   the best checkpoint by BEST_METRIC, and best.json (training/run_directory/best.py)
+    eval_sidecar/           --mode=continuous_eval's ledger, events and lock (training/continuous_eval.py)
     export/<step>/          SavedModel with a serving_default signature (export/best/: the best one)
 """
 
