@@ -113,7 +113,11 @@ def test_on_refuses_synchronized_batch_norm_under_mirrored_and_accumulation(smal
 def test_auto_follows_the_benchmark_and_logs_why(small_config, caplog):
     caplog.set_level(logging.INFO, logger="training.jit_compile")
     assert Trainer(small_config(model="cnn", jit_compile="auto"), tf.distribute.get_strategy()).jit_compile
-    assert "experiment.jit_compile='auto': on (MODEL='cnn' at 1 replica(s) trained faster with XLA" in caplog.text
+    assert ("experiment.jit_compile='auto': on (MODEL='cnn' at 1 replica(s) and 48 examples per replica trained "
+            "faster with XLA") in caplog.text
+    assert not Trainer(small_config(model="cnn", jit_compile="auto", global_batch_size=256),
+                       tf.distribute.get_strategy()).jit_compile  # Where XLA slowed it (docs/throughput.md).
+    assert "'auto': off (MODEL='cnn' was faster with XLA only up to 1 replica(s) and 64 examples" in caplog.text
     assert not Trainer(small_config(jit_compile="auto"), tf.distribute.get_strategy()).jit_compile
     assert "experiment.jit_compile='auto': off (MODEL='mlp' was not faster with XLA" in caplog.text
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0"])

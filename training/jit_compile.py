@@ -14,8 +14,9 @@ Where it cannot work, 'on' is refused before training (ConfigError, exit 2) and 
 On TPUs everything is compiled by XLA already: 'on' and 'auto' change nothing there (logged).
 
 'auto' follows the benchmark (bench/throughput.py; the table and the command are in docs/throughput.md, "XLA"): on
-for the models and replica counts where XLA trained faster on this machine's CPUs at every batch measured, off
-elsewhere (it slowed the MLP and ResNet-20 to 0.4-0.7x). On a GPU measure it with the benchmark before relying on it.
+for the models, replica counts and per-replica batches where XLA trained faster on this machine's CPUs in every
+session measured (the small CNN at 1 replica and batch 64), off elsewhere (it slowed the MLP, the wide CNN and
+ResNet-20 to 0.4-0.9x). On a GPU measure it with the benchmark before relying on it.
 The choice and its reason are logged.
 """
 
@@ -29,8 +30,9 @@ from training.config import ExperimentConfig, how_to_set
 
 log = logging.getLogger(__name__)
 
-# MODEL -> the largest replica count at which 'auto' turns XLA on (bench/throughput.py, docs/throughput.md).
-AUTO_ON = {"cnn": 1}
+# MODEL -> (the largest replica count, the largest per-replica batch) at which 'auto' turns XLA on: where
+# bench/throughput.py measured XLA faster in every session (docs/throughput.md, "XLA").
+AUTO_ON = {"cnn": (1, 64)}
 
 
 def resolve(config: ExperimentConfig, model: keras.Model, strategy: tf.distribute.Strategy, *, on_tpu: bool) -> bool:
@@ -53,7 +55,7 @@ def resolve(config: ExperimentConfig, model: keras.Model, strategy: tf.distribut
                               f"{how_to_set('jit_compile', 'off')} (or 'auto', which chooses off here).")
         log.info("experiment.jit_compile='on': the forward and backward pass compiled with XLA.")
         return True
-    chosen, reason = _auto(config.model, replicas, obstacle)
+    chosen, reason = _auto(config.model, replicas, config.global_batch_size // replicas, obstacle)
     log.info("experiment.jit_compile='auto': %s (%s).", "on" if chosen else "off", reason)
     return chosen
 
@@ -71,14 +73,15 @@ def _obstacle(config: ExperimentConfig, model: keras.Model, replicas: int, mirro
     return ""
 
 
-def _auto(model_name: str, replicas: int, obstacle: str) -> tuple[bool, str]:
+def _auto(model_name: str, replicas: int, per_replica_batch: int, obstacle: str) -> tuple[bool, str]:
     """(on?, why) for 'auto'."""
     if obstacle:
         return False, obstacle
-    limit = AUTO_ON.get(model_name, 0)
-    if replicas <= limit:
-        return True, (f"MODEL={model_name!r} at {replicas} replica(s) trained faster with XLA in bench/throughput.py, "
-                      "docs/throughput.md")
-    if limit:
-        return False, f"MODEL={model_name!r} is faster with XLA only up to {limit} replica(s) in docs/throughput.md"
-    return False, f"MODEL={model_name!r} was not faster with XLA in bench/throughput.py, docs/throughput.md"
+    if model_name not in AUTO_ON:
+        return False, f"MODEL={model_name!r} was not faster with XLA in bench/throughput.py, docs/throughput.md"
+    max_replicas, max_batch = AUTO_ON[model_name]
+    if replicas <= max_replicas and per_replica_batch <= max_batch:
+        return True, (f"MODEL={model_name!r} at {replicas} replica(s) and {per_replica_batch} examples per replica "
+                      "trained faster with XLA in bench/throughput.py, docs/throughput.md")
+    return False, (f"MODEL={model_name!r} was faster with XLA only up to {max_replicas} replica(s) and {max_batch} "
+                   "examples per replica in bench/throughput.py, docs/throughput.md")
