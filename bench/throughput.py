@@ -15,14 +15,18 @@ For each model and global batch it measures examples/s of:
   keras fit        Keras 3 `fit(steps_per_execution=100)` on the same model, optimizer and batch, from in-memory
                    tensors, and from the template's own tf.data pipeline;
   guide loop       the TF distributed-training guide's loop (one `strategy.run` per Python step);
-  XLA (1 replica)  the fixed-batch loop with each step's forward and backward pass compiled by XLA, against Keras
-                   `fit(jit_compile=True)` (XLA on both sides of that ratio). Not measured at 2+ replicas: a nested
-                   XLA function cannot hold BatchNormalization's replica-synchronised updates under MirroredStrategy.
+  XLA              the template with experiment.jit_compile='on' (training/jit_compile.py: each step's forward and
+                   backward pass compiled by XLA), at SPL=100 and on the fixed batch, against the same with 'off'
+                   (the rows above), at any replica count (the benchmark's models keep BatchNormalization
+                   unsynchronized, which XLA can hold at 2+ replicas); and Keras `fit(jit_compile=True)` at 1
+                   replica (XLA on both sides of that ratio; Keras' XLA step fails at 2+ replicas on CPU).
+  --xla_only       only the columns that decide experiment.jit_compile='auto': template SPL=100 and fixed batch,
+                   with and without XLA.
 Per case also: seconds for one exact evaluation of the eval split and for one checkpoint save (written and read
 back, as training does), median of the repetitions.
 Repetitions are interleaved (every column once per round), so load changes hit all columns alike; the table gives
 the median and the JSON also min and max, with the load average before and after. Same digits data, same SGD,
-float32; XLA only in the two XLA columns, on both sides of their ratio. Also: time to first step of
+float32; XLA only in the XLA columns, on both sides of their ratios. Also: time to first step of
 `python train.py` (a subprocess, by phase), and the RSS growth of a long run (--rss_steps).
 """
 
@@ -62,7 +66,9 @@ def _config(model: str, batch: int, replicas: int):
 class Case:
     """Everything built once for one (model, batch, replicas); each column measures examples/s when called."""
 
-    def __init__(self, model: str, batch: int, replicas: int):
+    def __init__(self, model: str, batch: int, replicas: int, *, xla_only: bool = False):
+        import dataclasses
+
         import keras
         import tensorflow as tf
 
@@ -73,6 +79,11 @@ class Case:
         config = _config(model, batch, replicas)
         strategy = make_strategy(config.strategy, virtual_devices=config.virtual_devices)
         self.trainer = Trainer(config, strategy)
+        # The product's XLA path (experiment.jit_compile='on'), trained from the same weights on the same data.
+        self.xla_trainer = Trainer(dataclasses.replace(config, jit_compile="on"), strategy)
+        self.xla_trainer.model.set_weights(self.trainer.model.get_weights())
+        self.xla_iterator = self.xla_trainer.train_iterator()
+        self.xla_only = xla_only
         self.iterator = self.trainer.train_iterator()  # The split on the devices where the Trainer uses it.
         self.data_iterator = iter(strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
         first = next(iter(self.trainer.train_input_fn()(tf.distribute.InputContext())))
@@ -96,37 +107,9 @@ class Case:
                 self.keras_xla_model.compile(optimizer=keras.optimizers.SGD(config.learning_rate, momentum=0.9),
                                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                                              metrics=["accuracy"], steps_per_execution=100, jit_compile=True)
-                self._xla_loop = self._make_xla_loop(config)
         self.replicas = replicas
         self.strategy = strategy
         self._guide_step = self._make_guide_step(tf)
-
-    def _make_xla_loop(self, config):
-        """The template's loop with its step's forward and backward pass in one XLA computation (1 replica)."""
-        import tensorflow as tf
-
-        from tpu_utils import loop
-        from training.learning import step
-
-        trainer, model = self.trainer, self.trainer.model
-
-        @tf.function(jit_compile=True)
-        def forward_backward(batch):
-            with tf.GradientTape() as tape:
-                logits, loss, regularization = step.forward(model, trainer.loss_fn, batch, seed=config.seed,
-                                                            global_batch_size=config.global_batch_size)
-                total = loss + tf.cast(regularization, loss.dtype)
-            return logits, loss, tape.gradient(total, model.trainable_variables)
-
-        def xla_step(batch):
-            logits, loss, gradients = forward_backward(batch)
-            summed = step.sum_then_clip(gradients, None)
-            trainer.optimizer.apply_gradients(zip(summed, model.trainable_variables, strict=True))
-            for metric in trainer.train_metrics:
-                metric.update(batch[1], logits)
-            return {"loss": loss}
-
-        return loop.make_train_loop(trainer.strategy, xla_step, trainer.global_step, model.non_trainable_variables)
 
     def _make_guide_step(self, tf):
         trainer = self.trainer
@@ -158,10 +141,10 @@ class Case:
 
         return draw
 
-    def template(self, steps_per_loop: int, iterator=None) -> float:
+    def template(self, steps_per_loop: int, iterator=None, trainer=None) -> float:
         started = time.perf_counter()
         for _ in range(STEPS // steps_per_loop):
-            self.trainer.train(iterator or self.iterator, steps_per_loop)
+            (trainer or self.trainer).train(iterator or self.iterator, steps_per_loop)
         return STEPS * self.batch / (time.perf_counter() - started)
 
     def draw(self, source) -> float:
@@ -177,18 +160,11 @@ class Case:
             next(self.pipeline_iterator)
         return STEPS * self.batch / (time.perf_counter() - started)
 
-    def fixed_batch(self) -> float:
+    def fixed_batch(self, trainer=None) -> float:
         import tensorflow as tf
 
         started = time.perf_counter()
-        self.trainer._train_loop(self.fixed_iterator, tf.constant(STEPS, tf.int32))["loss"].numpy()
-        return STEPS * self.batch / (time.perf_counter() - started)
-
-    def fixed_batch_xla(self) -> float:
-        import tensorflow as tf
-
-        started = time.perf_counter()
-        self._xla_loop(self.fixed_iterator, tf.constant(STEPS, tf.int32))["loss"].numpy()
+        (trainer or self.trainer)._train_loop(self.fixed_iterator, tf.constant(STEPS, tf.int32))["loss"].numpy()
         return STEPS * self.batch / (time.perf_counter() - started)
 
     def keras_fit_in_memory(self, model=None) -> float:
@@ -236,6 +212,10 @@ class Case:
         return STEPS * self.batch / (time.perf_counter() - started)
 
     def columns(self) -> dict:
+        xla = {"template SPL=100, XLA": lambda: self.template(100, self.xla_iterator, self.xla_trainer),
+               "fixed batch, XLA": lambda: self.fixed_batch(self.xla_trainer)}
+        if self.xla_only:
+            return {"template SPL=100": lambda: self.template(100), "fixed batch": self.fixed_batch, **xla}
         columns = {"template SPL=1": lambda: self.template(1), "template SPL=10": lambda: self.template(10),
                    "template SPL=100": lambda: self.template(100), "pipeline": self.pipeline,
                    "pipeline, compiled drain": lambda: self.draw(self.drained_iterator),
@@ -244,13 +224,15 @@ class Case:
         if self.trainer.train_data_on_device:  # The default here; against the tf.data pipeline it replaces.
             columns["template SPL=100, tf.data"] = lambda: self.template(100, self.data_iterator)
             columns["on-device batches"] = lambda: self.draw(self.iterator)
+        columns.update(xla)
         if self.replicas == 1:
-            columns["fixed batch, XLA"] = self.fixed_batch_xla
             columns["keras fit (in memory), XLA"] = lambda: self.keras_fit_in_memory(self.keras_xla_model)
         return columns
 
     def timings(self) -> dict:
         """Seconds (not examples/s): one exact evaluation, one checkpoint save."""
+        if self.xla_only:
+            return {}
         return {"eval seconds": self.eval_seconds, "checkpoint seconds": self.checkpoint_seconds}
 
 
@@ -316,6 +298,8 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--steps", type=int, default=STEPS, help="steps per timed block (a multiple of 100)")
     parser.add_argument("--rss_steps", type=int, default=10000, help="0 to skip")
+    parser.add_argument("--xla_only", action="store_true",
+                        help="only template SPL=100 and fixed batch, with and without XLA (experiment.jit_compile)")
     parser.add_argument("--output", default="runs/bench/throughput.json")
     args = parser.parse_args()
     if args.steps < 100 or args.steps % 100:
@@ -328,12 +312,13 @@ def main() -> None:
     results = {"load_before": os.getloadavg(), "replicas": args.replicas, "date": time.strftime("%Y-%m-%d"),
                "steps_per_block": STEPS,
                "cases": {}}
-    results["time_to_first_step"] = time_to_first_step()
+    results["time_to_first_step"] = {} if args.xla_only else time_to_first_step()
     for model in args.models.split(","):
         for batch in (int(value) for value in args.batches.split(",")):
-            results["cases"][f"{model} B={batch}"] = measure(Case(model, batch, args.replicas), args.repetitions)
+            results["cases"][f"{model} B={batch}"] = measure(Case(model, batch, args.replicas, xla_only=args.xla_only),
+                                                             args.repetitions)
             print(f"measured {model} B={batch}", file=sys.stderr, flush=True)
-    if args.rss_steps:
+    if args.rss_steps and not args.xla_only:
         results["rss"] = rss_growth(args.rss_steps)
     results["load_after"] = os.getloadavg()
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

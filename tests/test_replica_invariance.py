@@ -53,6 +53,9 @@ CASES = {
     # Gradient accumulation (training/learning/accumulation.py): every k at every replica count, on the on-device
     # split, with dropout keyed by example. Models without BatchNormalization only (per-micro-batch statistics).
     "mlp-sgd-dropout-accumulate": (MLP, ("mlp.dropout_rate=0.3",), [1, 2, 4], [1, 2, 4]),
+    # experiment.jit_compile='on' (training/jit_compile.py): the forward and backward pass under XLA at every replica
+    # count. The MLP: the probe synchronizes BatchNormalization, which XLA cannot hold under MirroredStrategy.
+    "mlp-sgd-dropout-xla": (MLP, ("mlp.dropout_rate=0.3", "experiment.jit_compile='on'"), [1, 2, 4]),
     # EMA of the weights (training/learning/ema.py): the averages are compared like the weights.
     "mlp-adam-ema": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "EMA_DECAY=0.99"), [1, 2, 4]),
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.

@@ -36,6 +36,8 @@ MAX_PORT = 65535
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "float64")
 # Where training batches are drawn (data/device_split.py): on the devices when it helps, always, or by tf.data.
 TRAIN_DATA_ON_DEVICE = ("auto", "always", "never")
+# XLA for the per-replica forward and backward pass on CPUs/GPUs (training/jit_compile.py); TPUs always compile.
+JIT_COMPILE = ("off", "on", "auto")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,6 +85,7 @@ class ExperimentConfig:
     # Keep the train split on the devices and draw batches in the compiled loop (data/device_split.py): 'auto',
     # 'always', 'never'.
     train_data_on_device: str = "auto"
+    jit_compile: str = "off"  # 'off', 'on' or 'auto' (training/jit_compile.py: what the benchmark measured).
     # Also write model.tflite (LiteRT) into every export, when the serving graph converts (docs/serving.md).
     export_tflite: bool = False
     # Observers (training/observers/standard.py OBSERVERS) called after the standard ones, e.g. your own logger.
@@ -181,13 +184,11 @@ class ExperimentConfig:
         if not isinstance(self.export_tflite, bool):
             raise ConfigError(f"experiment.export_tflite={self.export_tflite!r} must be True or False; e.g. "
                               f"{how_to_set('export_tflite', True)}.")
-        if self.train_data_on_device not in TRAIN_DATA_ON_DEVICE:
-            raise ConfigError(f"experiment.train_data_on_device={self.train_data_on_device!r} is not one of "
-                              f"{', '.join(map(repr, TRAIN_DATA_ON_DEVICE))}; e.g. "
-                              f"{how_to_set('train_data_on_device', 'auto')}.")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"PRECISION={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}; e.g. "
-                              f"{how_to_set('precision', 'float32')}.")
+        for name, choices in (("train_data_on_device", TRAIN_DATA_ON_DEVICE), ("precision", PRECISIONS),
+                              ("jit_compile", JIT_COMPILE)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{setting(name)}={getattr(self, name)!r} is not one of "
+                                  f"{', '.join(map(repr, choices))}; e.g. {how_to_set(name, choices[0])}.")
 
     def _check_warm_start(self) -> None:
         """INIT_FROM and the variable patterns: strings, patterns only with a source to load (before any build)."""

@@ -18,6 +18,7 @@ from data.registry import bind_task, get_dataset_spec
 from models.registry import MODELS, get_model_builder
 from tpu_utils import loop
 from tpu_utils.strategy import io_device_for, is_multi_worker
+from training import jit_compile
 from training.build_scope import seeded_build
 from training.config import ExperimentConfig
 from training.learning import accumulation, step
@@ -96,9 +97,12 @@ class Trainer:
         # k=1 is the plain step, unchanged; k>1 sums k micro-batches' gradients per optimizer step.
         make_step = step.make_train_step if config.accumulate_steps == 1 else functools.partial(
             accumulation.make_accumulating_train_step, accumulate_steps=config.accumulate_steps)
+        # experiment.jit_compile: the forward and backward pass under XLA (never with accumulation: resolve says so).
+        self.jit_compile = jit_compile.resolve(config, self.model, strategy, on_tpu=on_tpu)
         self.train_step = make_step(self.model, self.optimizer, loss_fn, global_batch_size=config.global_batch_size,
                                     clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
-                                    seed=config.seed, variables=self.trainable_variables)
+                                    seed=config.seed, variables=self.trainable_variables,
+                                    **({"jit_compile": True} if self.jit_compile else {}))
         if self.ema is not None:
             self.train_step = self.ema.after(self.train_step)
         eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, metrics=self.eval_metrics)

@@ -96,27 +96,36 @@ def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed:
 
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *, global_batch_size: int,
-                    clip_global_norm: float | None, metrics: list, seed: int, variables: list | None = None):
+                    clip_global_norm: float | None, metrics: list, seed: int, variables: list | None = None,
+                    jit_compile: bool = False):
     """Returns train_step((features, labels, positions)) -> {'loss', 'regularization'}: this replica's shares of the
     global data loss and of the regularization term, for `strategy.run` (their SUMs over replicas are the global
     values). `positions` are the examples' training-stream positions: with `seed` they key the dropout masks
     (models/layers.py), so a mask belongs to an example, not to a replica. `variables`: the ones to update (the
-    Trainer's, without the frozen ones); None = model.trainable_variables."""
+    Trainer's, without the frozen ones); None = model.trainable_variables. `jit_compile`: the forward and backward
+    pass (not the cross-replica sum, clipping and update) in one XLA computation (training/jit_compile.py)."""
     disable_implicit_gradient_sum(optimizer)
     loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     variables = model.trainable_variables if variables is None else list(variables)
 
-    def train_step(batch):
-        _, labels, _ = batch
+    def forward_backward(batch):
         with tf.GradientTape() as tape:
             logits, loss, regularization = forward(model, loss_fn, batch, global_batch_size=global_batch_size,
                                                    seed=seed)
             total = loss + tf.cast(regularization, loss.dtype)
             scaled_loss = optimizer.scale_loss(total) if loss_scaling else total
+        return logits, loss, regularization, tape.gradient(scaled_loss, variables)
+
+    if jit_compile:  # Only this part: the all-reduce and apply_gradients cannot run inside XLA under Mirrored.
+        forward_backward = tf.function(forward_backward, jit_compile=True)
+
+    def train_step(batch):
+        _, labels, _ = batch
+        logits, loss, regularization, gradients = forward_backward(batch)
         clip_norm = None
         if clip_global_norm:  # Under loss scaling the gradients are scaled too: so is the norm to clip them at.
             clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
-        gradients = sum_then_clip(tape.gradient(scaled_loss, variables), clip_norm)
+        gradients = sum_then_clip(gradients, clip_norm)
         # With loss scaling, apply_gradients unscales them and skips the step if they are not finite.
         optimizer.apply_gradients(zip(gradients, variables, strict=True))
         for metric in metrics:  # Per replica; Keras sums the replicas' totals on read: no rescaling.
