@@ -70,6 +70,9 @@ CASES = {
     # The fine-tune example's two runs (docs/make_it_yours.md), from scratch (INIT_FROM only sets the start).
     "digits-0-4-pretrain-cnn": ("configs/experiments/digits_0_4_pretrain.gin", (), [1, 2, 4]),
     "digits-5-9-fine-tune-cnn": ("configs/experiments/digits_5_9_fine_tune.gin", (), [1, 2, 4]),
+    # Augmentation keyed by example (training/augmentation.py): RandAugment per example and mixup in the step, as
+    # shipped; mixup's soft targets through softmax_cross_entropy.
+    "digits-cnn-randaugment-mixup": ("configs/experiments/digits_cnn_augmented.gin", (), [1, 2, 4]),
 }
 
 
