@@ -37,8 +37,9 @@ def _mixed_batches(small_config, names, replicas, *, steps=2, partners=None):
     try:
         @tf.function
         def run(batch):
-            return strategy.run(lambda features, labels, positions: (*trainer.mixing(features, labels, positions),
-                                                                     positions), args=batch)
+            mix = trainer.mixing or (lambda features, labels, positions: (features, tf.one_hot(labels, 10)))
+            return strategy.run(lambda features, labels, positions: (*mix(features, labels, positions), positions),
+                                args=batch)
 
         iterator = iter(strategy.distribute_datasets_from_function(trainer.train_input_fn()))
         drawn = {}
@@ -54,6 +55,7 @@ def _mixed_batches(small_config, names, replicas, *, steps=2, partners=None):
     return drawn
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("names", [("randaugment", "mixup"), ("flip_and_crop", "cutmix")])
 def test_augmented_batches_are_the_same_at_1_2_and_4_replicas(small_config, names):
     """Every example's augmented, mixed image and soft target, compared by position: equal bit for bit."""
@@ -68,6 +70,7 @@ def test_augmented_batches_are_the_same_at_1_2_and_4_replicas(small_config, name
     assert ((targets > 0).sum(axis=1) == 2).mean() > 0.7
 
 
+@pytest.mark.slow
 def test_a_pairing_by_per_replica_row_differs_across_replica_counts(small_config):
     """Negative control: pairing row i with row i + b/2 of the per-replica batch (b) changes with the replica
     count, and the comparison above sees it."""
@@ -111,7 +114,7 @@ def test_lambda_follows_beta_alpha_alpha(alpha):
     """20,000 pair keys: the folded lambda max(l, 1 - l) against 200,000 NumPy Beta(alpha, alpha) draws folded the
     same way; Kolmogorov-Smirnov distance < 0.02 (the 1% critical value is 0.012; draws are a fixed function of the
     keys, so this cannot flake). Control: Beta(2 alpha, 2 alpha) is further away than 0.04."""
-    drawn = mixing.beta_draws(tf.cast(tf.range(20_000) * 7919, tf.uint32), alpha).numpy()
+    drawn = tf.function(mixing.beta_draws)(tf.cast(tf.range(20_000) * 7919, tf.uint32), alpha).numpy()
     folded = np.sort(np.maximum(drawn, 1 - drawn))
     rng = np.random.default_rng(0)
 
@@ -203,15 +206,17 @@ def test_an_unknown_name_exits_2_before_training(data_dir):
     assert "'blur'" in result.stderr and "known: flip_and_crop, randaugment, mixup, cutmix" in result.stderr
 
 
-RESUME = ["--gin_param=experiment.augmentation=['randaugment', 'cutmix']", "--gin_param=STRATEGY='mirrored'",
-          "--gin_param=VIRTUAL_DEVICES=2", "--gin_param=STEPS_PER_LOOP=5", "--gin_param=CHECKPOINT_EVERY=10",
-          "--gin_param=EVAL_EVERY=0", f"--gin_param=GLOBAL_BATCH_SIZE={DIGITS_BATCH}"]
+# Constant rate (the shipped peak): a cosine schedule depends on TRAIN_STEPS, which the first segment sets to 10.
+RESUME = ["--gin_param=experiment.augmentation=['randaugment', 'cutmix']", "--gin_param=STEPS_PER_LOOP=5",
+          "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=EVAL_EVERY=0",
+          f"--gin_param=GLOBAL_BATCH_SIZE={DIGITS_BATCH}",
+          "--gin_param=experiment.lr_schedule='constant'", "--gin_param=LEARNING_RATE=0.05"]
 
 
 @pytest.mark.slow
 def test_resume_continues_the_augmented_run_bit_for_bit(tmp_path, data_dir):
-    """20 steps straight vs 10 + resume + 10, RandAugment and CutMix on (the shipped CNN's learning rate and
-    schedule): every weight and optimizer slot equal bit for bit. Control: another SEED differs."""
+    """20 steps straight vs 10 + resume + 10, RandAugment and CutMix on (the shipped CNN's peak learning rate):
+    every weight and optimizer slot equal bit for bit. Control: another SEED differs."""
     straight, interrupted, reseeded = (str(tmp_path / name) for name in ("straight", "interrupted", "reseeded"))
     for args in ((f"--model_dir={straight}", "--gin_param=TRAIN_STEPS=20"),
                  (f"--model_dir={interrupted}", "--gin_param=TRAIN_STEPS=10"),
@@ -224,7 +229,7 @@ def test_resume_continues_the_augmented_run_bit_for_bit(tmp_path, data_dir):
     for key in resumed:
         np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)
     other = checkpoint_values(reseeded)
-    assert any(not np.array_equal(other[key], uninterrupted[key]) for key in uninterrupted if "kernel" in key)
+    assert sum(not np.array_equal(other[key], uninterrupted[key]) for key in uninterrupted) > len(uninterrupted) // 2
 
 
 MOCK_RUNNER = ("import sys, tensorflow_datasets as tfds, train\n"

@@ -8,7 +8,7 @@ stream position p is p XOR 1, whatever the replica count, and after a resume. (W
 each pipeline strides the stream by P, so the partner is p +- P: fixed for a host count, like shard_stream's order.)
 
 Each pair draws lambda ~ Beta(alpha, alpha) from its key (SEED and the pair's first position: models/layers.py's
-hash), as X / (X + Y) with X, Y ~ Gamma(alpha) by Marsaglia and Tsang's method on hashed uniforms: vectorised, no
+hash), as X / (X + Y) with X, Y ~ Gamma(alpha) by Marsaglia and Tsang's method on hashed uniforms: no
 stateful op and no StatelessRandomGamma (which has no XLA kernel), so it runs on TPUs. lambda is folded to
 max(lambda, 1 - lambda): the pair's two mixed images are exactly standard mixup's, and each row keeps the larger share
 of its own example, so its own label is the dominant one (the training accuracy is against it).
@@ -51,10 +51,18 @@ def log_gamma_sample(draws: tf.Tensor, alpha: float) -> tf.Tensor:
 
 
 def beta_draws(keys: tf.Tensor, alpha: float) -> tf.Tensor:
-    """lambda ~ Beta(alpha, alpha) per key [n], float32, from two Gamma(alpha) samples of the key's uniforms."""
+    """lambda ~ Beta(alpha, alpha) per key [n], float32, from two Gamma(alpha) samples of the key's uniforms.
+
+    One pair at a time (map_fn): CPU kernels compute log, cos and exp of a tensor's elements in SIMD packets and of
+    the remainder one by one, and the two round differently, so a pair's lambda would depend on how many pairs its
+    batch holds, i.e. on the replica count. At one shape per pair it cannot."""
     width = 3 * CANDIDATES + 1
-    draws = hashed_uniforms(keys, 2 * width)
-    return tf.sigmoid(log_gamma_sample(draws[:, :width], alpha) - log_gamma_sample(draws[:, width:], alpha))
+
+    def one_pair(key):
+        draws = hashed_uniforms(key[tf.newaxis], 2 * width)
+        return tf.sigmoid(log_gamma_sample(draws[:, :width], alpha) - log_gamma_sample(draws[:, width:], alpha))[0]
+
+    return tf.map_fn(one_pair, keys, fn_output_signature=tf.float32)
 
 
 def pair_keys(seed: int, positions: tf.Tensor) -> tf.Tensor:
