@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import ConfigError
-from models.layers import hashed_uniforms, seed_keys
+from common.keyed_random import hashed_uniforms, seed_keys
 
 MAX_MAGNITUDE = 10.0
 _INVERSE_255 = np.float32(1.0 / 255.0)

@@ -26,7 +26,8 @@ import gin
 import tensorflow as tf
 
 from common.errors import ConfigError
-from models.layers import hashed_uniforms, keys_from_positions
+from common.keyed_random import hashed_uniforms
+from models.layers import keys_from_positions
 
 SALT = 0x6D6978 << 32  # Added to SEED for the pair keys: independent of the dropout and augmentation draws.
 CANDIDATES = 12  # Marsaglia-Tsang proposals per gamma draw; each is accepted with probability > 0.95.
