@@ -18,17 +18,10 @@ import threading
 import keras
 import tensorflow as tf
 
+from common.keyed_random import lowbias32
+
 _state = threading.local()
 _UNIFORM_SCALE = 2.0 ** -24  # 24 random bits -> a float in [0, 1) that float32 represents exactly.
-
-
-def lowbias32(values: tf.Tensor) -> tf.Tensor:
-    """Hashes uint32 values elementwise (a bijection on 32-bit integers with well-mixed output bits)."""
-    values = tf.bitwise.bitwise_xor(values, tf.bitwise.right_shift(values, tf.constant(16, tf.uint32)))
-    values = values * tf.constant(0x7FEB352D, tf.uint32)
-    values = tf.bitwise.bitwise_xor(values, tf.bitwise.right_shift(values, tf.constant(15, tf.uint32)))
-    values = values * tf.constant(0x846CA68B, tf.uint32)
-    return tf.bitwise.bitwise_xor(values, tf.bitwise.right_shift(values, tf.constant(16, tf.uint32)))
 
 
 def _xor(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:

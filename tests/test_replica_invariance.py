@@ -88,6 +88,9 @@ CASES = {
                                                 "adamw.exclude_from_weight_decay=['bias']", "TRAIN_STEPS=100",
                                                 "experiment.lr_schedule='polynomial'", "polynomial.warmup_steps=10"),
                                           [1, 2, 4]),
+    # Augmentation keyed by example (training/augmentation.py): RandAugment per example and mixup in the step, as
+    # shipped; mixup's soft targets through softmax_cross_entropy.
+    "digits-cnn-randaugment-mixup": ("configs/experiments/digits_cnn_augmented.gin", (), [1, 2, 4]),
 }
 
 

@@ -154,7 +154,7 @@ def initial_gradient_norm(trainer: Trainer) -> float:
 
     norm_step = step.make_gradient_norm_step(trainer.model, trainer.loss_fn,
                                                     global_batch_size=trainer.config.global_batch_size,
-                                                    seed=trainer.config.seed)
+                                                    seed=trainer.config.seed, mixing=trainer.mixing)
 
     @tf.function
     def norm(source, step):

@@ -99,6 +99,8 @@ class ExperimentConfig:
     # ... and which ones training updates (empty = all trainable ones); the others stay as loaded.
     trainable: tuple[str, ...] = ()
     frozen: tuple[str, ...] = ()
+    # Training augmentations by name (training/augmentation.py); None = the dataset's own, [] = none.
+    augmentation: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if self.metrics is not None:  # A gin list: kept as a tuple, so the config stays hashable and frozen.
@@ -110,6 +112,8 @@ class ExperimentConfig:
             raise ConfigError(f"experiment.observers={self.observers!r} must be a list of observer names, e.g. "
                               "--gin_param=\"experiment.observers=['my_logger']\".")
         object.__setattr__(self, "observers", tuple(self.observers))
+        if isinstance(self.augmentation, list):  # Checked by name in training/augmentation.py.
+            object.__setattr__(self, "augmentation", tuple(self.augmentation))
         self._check_warm_start()
         # Checked here, before the strategy is made (minutes on a TPU), not when the controller first needs them.
         if self.best_mode not in ("max", "min", "auto"):

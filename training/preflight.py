@@ -9,7 +9,9 @@ devices it builds the real input pipelines and model, then checks:
   CPU and checkpoints are written by the TPU hosts: local paths exist on worker 0 only);
 - gs:// buckets exist, are writable and in the TPU's region (gcs/bucket_checks.py);
 - the train step of one replica compiles with XLA (compile only, nothing runs): strings, py_function and other ops
-  a TPU cannot run fail here instead of on the TPU.
+  a TPU cannot run fail here instead of on the TPU; so does the task's per-example augmentation, if any
+  (experiment.augmentation: it runs in the host's input pipeline on a TPU, but on the device where the split is kept
+  there, data/device_split.py).
 It prints one line per check and every problem found, not just the first.
 """
 
@@ -60,6 +62,8 @@ def run_preflight(config: ExperimentConfig, model_dir: str, *,
     checks.append(Check("input pipelines and model build", note=f"{trainer.model.count_params():,} parameters"))
     checks.append(_check_static_shapes({"train": train_spec, "eval": eval_spec}))
     checks.append(_check_xla_compiles(config, replicas, train_spec))
+    if getattr(trainer.task, "augment", None) is not None:
+        checks.append(_check_augmentation_compiles(trainer.task))
     return checks
 
 
@@ -136,3 +140,13 @@ def _check_xla_compiles(config: ExperimentConfig, replicas: int, train_spec) -> 
         return Check("train step compiles with XLA", f"{message[:600]} -- TPUs run only XLA-compilable ops: "
                      "remove string ops, tf.py_function and data-dependent shapes from the model and loss.")
     return Check("train step compiles with XLA", note=f"one replica, {time.perf_counter() - started:.1f} s")
+
+
+def _check_augmentation_compiles(task) -> Check:
+    """Compiles (does not run) the task's per-example augmentation of one image with XLA."""
+    compiled = tf.function(task.augment, jit_compile=True)
+    try:
+        compiled.experimental_get_compiler_ir(tf.zeros(task.input_shape), tf.zeros([2], tf.int64))(stage="hlo")
+    except Exception as error:  # noqa: BLE001 - as in _check_xla_compiles.
+        return Check("augmentation compiles with XLA", " ".join(str(error).split())[:600])
+    return Check("augmentation compiles with XLA")

@@ -4,6 +4,7 @@ It knows how to run N training steps and one exact evaluation; it does not decid
 does). The replica-invariance check (tools/replica_invariance.py) builds Trainers at several replica counts.
 """
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -18,7 +19,7 @@ from data.registry import bind_task, get_dataset_spec
 from models.registry import MODELS, get_model_builder
 from tpu_utils import loop
 from tpu_utils.strategy import io_device_for, is_multi_worker
-from training import jit_compile
+from training import augmentation, jit_compile
 from training.build_scope import seeded_build
 from training.config import ExperimentConfig
 from training.learning import accumulation, step
@@ -60,7 +61,13 @@ class Trainer:
         self.builder = builders.load_builder(spec, config.data_dir)  # The TFDS builder, prepared in DATA_DIR.
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
         self.dataset_spec = bind_task(spec, self.builder, dataset=config.dataset)
-        self.task = self.dataset_spec.task
+        # experiment.augmentation: the task's per-example augmentation, and the step's mixing (mixup, cutmix).
+        rows = config.global_batch_size // (strategy.num_replicas_in_sync * config.accumulate_steps) if training else 0
+        task, mixing = augmentation.resolve(config.augmentation, self.dataset_spec.task, dataset=config.dataset,
+                                            rows_per_batch=rows)
+        self.dataset_spec = dataclasses.replace(self.dataset_spec, task=task)
+        self.task = task
+        self.mixing = functools.partial(mixing, seed=config.seed, num_classes=task.output_size) if mixing else None
         # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
         on_tpu = config.strategy == "tpu" or isinstance(strategy, tf.distribute.TPUStrategy)
         self.train_data_on_device = training and device_split.wanted(
@@ -101,7 +108,7 @@ class Trainer:
         self.jit_compile = jit_compile.resolve(config, self.model, strategy, on_tpu=on_tpu)
         self.train_step = make_step(self.model, self.optimizer, loss_fn, global_batch_size=config.global_batch_size,
                                     clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
-                                    seed=config.seed, variables=self.trainable_variables,
+                                    seed=config.seed, variables=self.trainable_variables, mixing=self.mixing,
                                     **({"jit_compile": True} if self.jit_compile else {}))
         if self.ema is not None:
             self.train_step = self.ema.after(self.train_step)
@@ -121,6 +128,9 @@ class Trainer:
         self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
         _, target_spec, _ = self.eval_input_fn(tf.distribute.InputContext()).element_spec
         check_per_example_losses(loss_fn, config.loss or self.task.default_loss, target_spec, self.model.output)
+        if self.mixing is not None:  # Mixed batches give the loss soft targets [batch, classes].
+            check_per_example_losses(loss_fn, config.loss or self.task.default_loss,
+                                     tf.TensorSpec([None, task.output_size], tf.float32), self.model.output)
         # EMA off: no `ema` entry, so the default run's checkpoint is what it always was.
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step,
                                               **({"ema": self.ema.trackable} if self.ema is not None else {}))

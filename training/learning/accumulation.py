@@ -41,7 +41,7 @@ def split_into_micro_batches(batch, accumulate_steps: int):
 
 def make_accumulating_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *,
                                  global_batch_size: int, accumulate_steps: int, clip_global_norm: float | None,
-                                 metrics: list, seed: int, variables: list | None = None):
+                                 metrics: list, seed: int, variables: list | None = None, mixing=None):
     """Returns train_step((features, labels, positions)) -> {'loss', 'regularization'} like step.make_train_step's,
     from `accumulate_steps` micro-batches of the replica's batch (see the module docstring); `variables` as there."""
     step.disable_implicit_gradient_sum(optimizer)
@@ -66,7 +66,7 @@ def make_accumulating_train_step(model: keras.Model, optimizer: keras.optimizers
             _, labels, _ = micro_batch
             with tf.GradientTape() as micro_tape:
                 logits, loss, _ = step.forward(model, loss_fn, micro_batch, global_batch_size=global_batch_size,
-                                               seed=seed)
+                                               seed=seed, mixing=mixing)
                 scaled_loss = scaled(loss)
             if len(model.losses) != weight_losses:
                 # ValueError: AutoGraph keeps its type (see step.check_per_example).

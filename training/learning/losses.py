@@ -16,14 +16,27 @@ from common.registry import lookup
 
 @gin.configurable
 def softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor, *, label_smoothing: float = 0.0) -> tf.Tensor:
-    """Cross-entropy of integer labels against logits, per example: float32, or float64 for float64 logits."""
+    """Cross-entropy of integer labels [B] (or soft targets [B, C]: mixup, cutmix) against logits, per example:
+    float32, or float64 for float64 logits."""
     if logits.dtype != tf.float64:  # bfloat16/float16 logits: a float32 softmax.
         logits = tf.cast(logits, tf.float32)
+    if labels.shape.rank == 2:
+        return soft_target_cross_entropy(labels, logits, label_smoothing=label_smoothing)
     if label_smoothing:
         one_hot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=logits.dtype)
         return keras.losses.categorical_crossentropy(one_hot, logits, from_logits=True,
                                                      label_smoothing=label_smoothing)
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+def soft_target_cross_entropy(targets: tf.Tensor, logits: tf.Tensor, *, label_smoothing: float = 0.0) -> tf.Tensor:
+    """-sum_c t_c log softmax(logits)_c per example, for targets [B, C] that sum to 1 per row. Label smoothing mixes
+    the targets with the uniform distribution, t (1 - eps) + eps / C: on one-hot targets it is the integer-label
+    loss's smoothing, and it commutes with mixing (smoothing two labels then mixing them = mixing then smoothing)."""
+    targets = tf.cast(targets, logits.dtype)
+    if label_smoothing:
+        targets = targets * (1.0 - label_smoothing) + label_smoothing / tf.cast(tf.shape(logits)[-1], logits.dtype)
+    return -tf.reduce_sum(targets * tf.nn.log_softmax(logits, axis=-1), axis=-1)
 
 
 @gin.configurable

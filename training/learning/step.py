@@ -82,13 +82,18 @@ def check_per_example(per_example_loss: tf.Tensor, labels: tf.Tensor) -> None:
                          "divides by the global batch size, which a per-replica mean gets wrong by the replica count.")
 
 
-def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed: int):
+def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed: int, mixing=None):
     """(logits, this replica's share of the data loss, its share of the regularization term) of a training batch
-    (features, labels, positions), in training mode, with each example's dropout mask keyed by its position."""
+    (features, labels, positions), in training mode, with each example's dropout mask keyed by its position.
+    `mixing` (training/learning/mixing.py, None = off): (features, labels, positions) -> (mixed features, soft
+    targets), which the loss then takes in place of the labels."""
     features, labels, positions = batch
+    targets = labels
+    if mixing is not None:
+        features, targets = mixing(features, labels, positions)
     with layers.example_keys(layers.keys_from_positions(seed, positions)):
         logits = model(features, training=True)
-    per_example_loss = loss_fn(labels, logits)
+    per_example_loss = loss_fn(targets, logits)
     check_per_example(per_example_loss, labels)
     loss = average_over_global_batch(per_example_loss, global_batch_size)
     regularization = regularization_share(model.losses) if model.losses else tf.zeros((), loss.dtype)
@@ -97,13 +102,15 @@ def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed:
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *, global_batch_size: int,
                     clip_global_norm: float | None, metrics: list, seed: int, variables: list | None = None,
-                    jit_compile: bool = False):
+                    mixing=None, jit_compile: bool = False):
     """Returns train_step((features, labels, positions)) -> {'loss', 'regularization'}: this replica's shares of the
     global data loss and of the regularization term, for `strategy.run` (their SUMs over replicas are the global
     values). `positions` are the examples' training-stream positions: with `seed` they key the dropout masks
     (models/layers.py), so a mask belongs to an example, not to a replica. `variables`: the ones to update (the
-    Trainer's, without the frozen ones); None = model.trainable_variables. `jit_compile`: the forward and backward
-    pass (not the cross-replica sum, clipping and update) in one XLA computation (training/jit_compile.py)."""
+    Trainer's, without the frozen ones); None = model.trainable_variables. `mixing`: as in `forward`; the metrics
+    are updated against the hard labels (each example's own, its larger share). `jit_compile`: the forward and
+    backward pass (not the cross-replica sum, clipping and update) in one XLA computation
+    (training/jit_compile.py)."""
     disable_implicit_gradient_sum(optimizer)
     loss_scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     variables = model.trainable_variables if variables is None else list(variables)
@@ -111,7 +118,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
     def forward_backward(batch):
         with tf.GradientTape() as tape:
             logits, loss, regularization = forward(model, loss_fn, batch, global_batch_size=global_batch_size,
-                                                   seed=seed)
+                                                   seed=seed, mixing=mixing)
             total = loss + tf.cast(regularization, loss.dtype)
             scaled_loss = optimizer.scale_loss(total) if loss_scaling else total
         return logits, loss, regularization, tape.gradient(scaled_loss, variables)
@@ -135,14 +142,15 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
     return train_step
 
 
-def make_gradient_norm_step(model: keras.Model, loss_fn, *, global_batch_size: int, seed: int):
+def make_gradient_norm_step(model: keras.Model, loss_fn, *, global_batch_size: int, seed: int, mixing=None):
     """Returns step((features, labels, positions)) -> the global norm of the replica-summed gradients of the loss
     (data + regularization) at the current weights, without applying them. The replica-invariance check uses it to
     pick a clip norm that binds."""
 
     def gradient_norm_step(batch):
         with tf.GradientTape() as tape:
-            _, loss, regularization = forward(model, loss_fn, batch, global_batch_size=global_batch_size, seed=seed)
+            _, loss, regularization = forward(model, loss_fn, batch, global_batch_size=global_batch_size, seed=seed,
+                                              mixing=mixing)
             loss += tf.cast(regularization, loss.dtype)
         return tf.linalg.global_norm(sum_across_replicas(tape.gradient(loss, model.trainable_variables)))
 

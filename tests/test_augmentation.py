@@ -1,0 +1,250 @@
+"""experiment.augmentation (training/augmentation.py): RandAugment per example, mixup and CutMix in the step, all
+keyed by (SEED, example position): the same draws at 1, 2 and 4 replicas and across a resume, soft-target losses as
+NumPy computes them, refusals before training, and XLA lowering (a TPU config's --preflight with them on).
+
+The float64 weight invariance with randaugment + mixup is a case of tests/test_replica_invariance.py.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from common.errors import ConfigError
+from helpers import checkpoint_values, run_train_py
+from tasks.randaugment import OPS, RandAugment
+from tests.helpers import REPO_ROOT
+from training import augmentation
+from training.learning import losses, mixing
+from training.trainer import Trainer
+
+DIGITS_BATCH = 32  # Global; 8 per replica at 4 replicas.
+
+
+def _mixed_batches(small_config, names, replicas, *, steps=2, partners=None):
+    """{position: (mixed image, soft target)} of `steps` global batches drawn at `replicas` replicas (real
+    MirroredStrategy on virtual CPUs, the tf.data pipeline), mixed by the Trainer's mixing in strategy.run.
+    `partners`: a replacement for mixing.partners (the negative control)."""
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(replicas)],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    config = small_config(augmentation=tuple(names), global_batch_size=DIGITS_BATCH, train_data_on_device="never")
+    trainer = Trainer(config, strategy)
+    original = mixing.partners
+    if partners is not None:
+        mixing.partners = partners
+    try:
+        @tf.function
+        def run(batch):
+            mix = trainer.mixing or (lambda features, labels, positions: (features, tf.one_hot(labels, 10)))
+            return strategy.run(lambda features, labels, positions: (*mix(features, labels, positions), positions),
+                                args=batch)
+
+        iterator = iter(strategy.distribute_datasets_from_function(trainer.train_input_fn()))
+        drawn = {}
+        for _ in range(steps):
+            outputs = run(next(iterator))
+            for images, targets, positions in zip(*(strategy.experimental_local_results(output)
+                                                    for output in outputs), strict=True):
+                for image, target, position in zip(images.numpy(), targets.numpy(), positions.numpy(), strict=True):
+                    drawn[int(position)] = (image, target)
+    finally:
+        mixing.partners = original
+    assert sorted(drawn) == list(range(steps * DIGITS_BATCH))
+    return drawn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("names", [("randaugment", "mixup"), ("flip_and_crop", "cutmix")])
+def test_augmented_batches_are_the_same_at_1_2_and_4_replicas(small_config, names):
+    """Every example's augmented, mixed image and soft target, compared by position: equal bit for bit."""
+    reference = _mixed_batches(small_config, names, 1)
+    for replicas in (2, 4):
+        other = _mixed_batches(small_config, names, replicas)
+        for position, (image, target) in reference.items():
+            np.testing.assert_array_equal(other[position][0], image, err_msg=f"{replicas} replicas, {position}")
+            np.testing.assert_array_equal(other[position][1], target, err_msg=f"{replicas} replicas, {position}")
+    targets = np.stack([target for _, target in reference.values()])
+    # Mixed: two labels per row, but for same-class pairs (~10%) and CutMix boxes that cover no 8x8 pixel.
+    assert ((targets > 0).sum(axis=1) == 2).mean() > 0.7
+
+
+@pytest.mark.slow
+def test_a_pairing_by_per_replica_row_differs_across_replica_counts(small_config):
+    """Negative control: pairing row i with row i + b/2 of the per-replica batch (b) changes with the replica
+    count, and the comparison above sees it."""
+    def half_batch_partners(tensor):
+        return tf.roll(tensor, shift=tf.shape(tensor)[0] // 2, axis=0)
+
+    one = _mixed_batches(small_config, ("mixup",), 1, partners=half_batch_partners)
+    four = _mixed_batches(small_config, ("mixup",), 4, partners=half_batch_partners)
+    differing = sum(not np.array_equal(one[position][0], four[position][0]) for position in one)
+    assert differing > 0.9 * len(one)
+
+
+def test_mixed_images_and_targets_against_numpy():
+    """mixup: x = w x_own + (1 - w) x_partner with the target weights w >= 1/2; CutMix: the share of pixels taken
+    from the partner is the partner's target weight, exactly. Partners are rows 2k, 2k + 1 (positions p, p XOR 1)."""
+    rng = np.random.default_rng(0)
+    images = rng.uniform(size=(64, 8, 8, 1)).astype(np.float32)
+    labels = np.arange(64) % 10
+    positions = tf.range(64, 128, dtype=tf.int64)
+    partner = np.arange(64) ^ 1
+    for kind in ("mixup", "cutmix"):
+        mixed, targets = mixing.Mixing(kind, 1.0)(tf.constant(images), tf.constant(labels), positions, seed=3,
+                                                  num_classes=10)
+        mixed, targets = mixed.numpy(), targets.numpy()
+        own = targets[np.arange(64), labels]
+        np.testing.assert_allclose(targets.sum(axis=1), 1.0, atol=1e-6)
+        np.testing.assert_allclose(targets[np.arange(64), labels[partner]], 1.0 - own, atol=1e-6)
+        assert (own >= 0.5).all() and (own < 1.0).mean() > 0.9  # Dominant own label; really mixed.
+        if kind == "mixup":
+            expected = own[:, None, None, None] * images + (1 - own[:, None, None, None]) * images[partner]
+            np.testing.assert_allclose(mixed, expected, atol=1e-6)  # float32 rounding of one multiply-add.
+        else:
+            from_partner = (mixed == images[partner]) & (mixed != images)
+            np.testing.assert_allclose(from_partner.mean(axis=(1, 2, 3)), 1.0 - own, atol=1e-6)
+            # Negative control: the weights are not those of another row.
+            assert not np.allclose(from_partner.mean(axis=(1, 2, 3)), 1.0 - own[::-1], atol=1e-3)
+
+
+@pytest.mark.parametrize("alpha", [0.2, 1.0, 4.0])
+def test_lambda_follows_beta_alpha_alpha(alpha):
+    """20,000 pair keys: the folded lambda max(l, 1 - l) against 200,000 NumPy Beta(alpha, alpha) draws folded the
+    same way; Kolmogorov-Smirnov distance < 0.02 (the 1% critical value is 0.012; draws are a fixed function of the
+    keys, so this cannot flake). Control: Beta(2 alpha, 2 alpha) is further away than 0.04."""
+    drawn = tf.function(mixing.beta_draws)(tf.cast(tf.range(20_000) * 7919, tf.uint32), alpha).numpy()
+    folded = np.sort(np.maximum(drawn, 1 - drawn))
+    rng = np.random.default_rng(0)
+
+    def distance(reference):
+        reference = np.sort(np.maximum(reference, 1 - reference))
+        grid = np.linspace(0.5, 0.999, 500)  # Below 1: float32 rounds the extremes to 1.0.
+        return np.abs(np.searchsorted(folded, grid) / len(folded)
+                      - np.searchsorted(reference, grid) / len(reference)).max()
+
+    assert distance(rng.beta(alpha, alpha, 200_000)) < 0.02
+    assert distance(rng.beta(2 * alpha, 2 * alpha, 200_000)) > 0.04
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_soft_target_cross_entropy_against_numpy(smoothing):
+    """-sum t log softmax(z), targets smoothed t (1 - eps) + eps / C; float64 to 1e-12. One-hot targets give the
+    integer-label loss (float32, 1e-6); smoothing then mixing = mixing then smoothing."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(16, 10)) * 3
+    weights = rng.uniform(0.5, 1.0, 16)[:, None]
+    labels, partner_labels = rng.integers(0, 10, 16), rng.integers(0, 10, 16)
+    targets = weights * np.eye(10)[labels] + (1 - weights) * np.eye(10)[partner_labels]
+    smoothed = targets * (1 - smoothing) + smoothing / 10
+    log_softmax = logits - logits.max(1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(1, keepdims=True))
+    expected = -(smoothed * log_softmax).sum(1)
+    loss = losses.softmax_cross_entropy(tf.constant(targets), tf.constant(logits), label_smoothing=smoothing)
+    np.testing.assert_allclose(loss.numpy(), expected, rtol=1e-12)
+    assert not np.allclose(expected, -(np.eye(10)[labels] * log_softmax).sum(1), rtol=1e-3)  # Control: mixed.
+    hard = losses.softmax_cross_entropy(tf.constant(labels), tf.constant(logits, tf.float32),
+                                        label_smoothing=smoothing)
+    soft = losses.softmax_cross_entropy(tf.constant(np.eye(10)[labels], tf.float32), tf.constant(logits, tf.float32),
+                                        label_smoothing=smoothing)
+    np.testing.assert_allclose(soft.numpy(), hard.numpy(), rtol=1e-6)
+
+
+def test_randaugment_draws_per_example_and_keeps_shapes():
+    """Each op keeps the shape and [0, 1]; the ops drawn are a function of the seed only and cover OPS evenly."""
+    augment = RandAugment(num_layers=2, magnitude=9)
+    image = tf.random.stateless_uniform([8, 8, 1], seed=[0, 0])
+    for op in OPS.values():
+        out = op(image, tf.constant(0.9), tf.constant(-1.0))
+        assert out.shape == image.shape and 0.0 <= float(tf.reduce_min(out)) <= float(tf.reduce_max(out)) <= 1.0
+    indices = np.stack([augment.op_indices(tf.constant([5, position], tf.int64)).numpy() for position in range(1100)])
+    counts = np.bincount(indices.ravel(), minlength=len(OPS))
+    assert counts.min() > 0.7 * counts.mean()  # 2,200 draws over 11 ops: ~200 each, sd ~14.
+    np.testing.assert_array_equal(augment.op_indices(tf.constant([5, 7], tf.int64)), indices[7])
+    outputs = [augment(image, tf.constant([5, position], tf.int64)).numpy() for position in range(8)]
+    assert sum(not np.array_equal(outputs[0], other) for other in outputs[1:]) >= 6  # Each example its own.
+
+
+def test_randaugment_and_mixing_compile_with_xla():
+    """Both lower to XLA (what a TPU runs) and give what they give without it (nearest-neighbour sampling: exact)."""
+    augment = RandAugment(num_layers=3, magnitude=10)
+    images = tf.random.stateless_uniform([16, 8, 8, 1], seed=[0, 1])
+    seeds = tf.stack([tf.zeros(16, tf.int64), tf.range(16, dtype=tf.int64)], axis=1)
+
+    def both(images, seeds):
+        augmented = tf.map_fn(lambda args: augment(*args), (images, seeds), fn_output_signature=tf.float32)
+        return mixing.Mixing("cutmix", 1.0)(augmented, tf.range(16) % 10, seeds[:, 1], seed=0, num_classes=10)
+
+    compiled = tf.function(both, jit_compile=True)(images, seeds)
+    for xla, plain in zip(compiled, tf.function(both)(images, seeds), strict=True):
+        np.testing.assert_allclose(xla.numpy(), plain.numpy(), atol=1e-5)
+
+
+def test_refusals_name_the_setting_and_the_fix(small_config):
+    task = Trainer(small_config(), tf.distribute.get_strategy()).task
+    cases = {("blur",): "known: flip_and_crop, randaugment, mixup, cutmix",
+             ("mixup", "cutmix"): "choose one", ("mixup", "mixup"): "twice"}
+    for names, phrase in cases.items():
+        with pytest.raises(ConfigError, match=phrase):
+            augmentation.resolve(names, task, dataset="digits", rows_per_batch=8)
+    with pytest.raises(ConfigError, match=r"odd 3 rows \(GLOBAL_BATCH_SIZE / replicas"):
+        augmentation.resolve(("cutmix",), task, dataset="digits", rows_per_batch=3)
+    assert augmentation.resolve(("randaugment",), task, dataset="digits", rows_per_batch=3)[1] is None  # Per example.
+    with pytest.raises(ConfigError, match="randaugment.magnitude=11"):
+        augmentation.randaugment(magnitude=11)
+    with pytest.raises(ConfigError, match="mixup.alpha=0"):
+        mixing.mixup(alpha=0)
+    with pytest.raises(ConfigError, match="is for image classification; DATASET='breast_cancer'"):
+        Trainer(small_config(dataset="breast_cancer", augmentation=("mixup",)), tf.distribute.get_strategy())
+
+
+def test_an_unknown_name_exits_2_before_training(data_dir):
+    result = run_train_py("--gin_param=experiment.augmentation=['mixup', 'blur']", "--gin_param=TRAIN_STEPS=10",
+                          "--model_dir=/nonexistent/never_written")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "'blur'" in result.stderr and "known: flip_and_crop, randaugment, mixup, cutmix" in result.stderr
+
+
+# Constant rate (the shipped peak): a cosine schedule depends on TRAIN_STEPS, which the first segment sets to 10.
+RESUME = ["--gin_param=experiment.augmentation=['randaugment', 'cutmix']", "--gin_param=STEPS_PER_LOOP=5",
+          "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=EVAL_EVERY=0",
+          f"--gin_param=GLOBAL_BATCH_SIZE={DIGITS_BATCH}",
+          "--gin_param=experiment.lr_schedule='constant'", "--gin_param=LEARNING_RATE=0.05"]
+
+
+@pytest.mark.slow
+def test_resume_continues_the_augmented_run_bit_for_bit(tmp_path, data_dir):
+    """20 steps straight vs 10 + resume + 10, RandAugment and CutMix on (the shipped CNN's peak learning rate):
+    every weight and optimizer slot equal bit for bit. Control: another SEED differs."""
+    straight, interrupted, reseeded = (str(tmp_path / name) for name in ("straight", "interrupted", "reseeded"))
+    for args in ((f"--model_dir={straight}", "--gin_param=TRAIN_STEPS=20"),
+                 (f"--model_dir={interrupted}", "--gin_param=TRAIN_STEPS=10"),
+                 (f"--model_dir={interrupted}", "--gin_param=TRAIN_STEPS=20"),
+                 (f"--model_dir={reseeded}", "--gin_param=TRAIN_STEPS=20", "--gin_param=SEED=1")):
+        result = run_train_py(*RESUME, *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+    resumed, uninterrupted = checkpoint_values(interrupted), checkpoint_values(straight)
+    assert resumed.keys() == uninterrupted.keys() and len(resumed) > 5
+    for key in resumed:
+        np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)
+    other = checkpoint_values(reseeded)
+    assert sum(not np.array_equal(other[key], uninterrupted[key]) for key in uninterrupted) > len(uninterrupted) // 2
+
+
+MOCK_RUNNER = ("import sys, tensorflow_datasets as tfds, train\n"
+               "with tfds.testing.mock_data(num_examples=4096):\n"
+               "    sys.exit(train.main(['train.py'] + sys.argv[1:]))\n")
+
+
+@pytest.mark.slow
+def test_a_tpu_config_with_augmentation_passes_the_preflight(tmp_path):
+    """configs/tpu/cifar10_resnet_v3_8.gin (8 replicas) with flip-and-crop, RandAugment and mixup: the train step
+    and the augmentation compile with XLA (TFDS's mock CIFAR-10: no internet here)."""
+    result = subprocess.run([sys.executable, "-c", MOCK_RUNNER, "--gin_file=configs/tpu/cifar10_resnet_v3_8.gin",
+                             "--preflight", "--gin_param=experiment.augmentation=['flip_and_crop', 'randaugment', "
+                             "'mixup']", f"--gin_param=DATA_DIR='{tmp_path}/data'", f"--model_dir={tmp_path}/run"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for check in ("train step compiles with XLA", "augmentation compiles with XLA"):
+        assert f"ok   {check}" in result.stdout, result.stdout
