@@ -64,7 +64,7 @@ CASES = {
     # keras.applications' MobileNetV3Small (models/keras_applications.py) as shipped: 8x8 digits resized to 32x32,
     # its BatchNormalization layers set to synchronized after Keras built them.
     # 1 and 2 replicas only: 34 synchronized BatchNormalization all-reduces per step make 4 and 8 too slow on CPU
-    # (> 600 s). Its tolerance is CHAOTIC_TOLERANCE (below), not 1e-9.
+    # (> 600 s). Checked at 5 steps, not past its warm-up: see SHORT_RUN_CASES below.
     "digits-mobilenet-v3-small": ("configs/experiments/digits_mobilenet_v3_small.gin", (), [1, 2]),
     # The worked examples of other tasks (docs/make_it_yours.md), as shipped.
     "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
@@ -94,17 +94,19 @@ CASES = {
 }
 
 
-# MobileNetV3Small's float64 rounding differences (the sums over 1 or 2 replicas' halves of the batch) grow by ~1.6x a
-# step through its 50 layers of hard-swish and synchronized BatchNormalization: measured worst weight difference at
-# 2 replicas 8.5e-15 after 1 step, 6.1e-14 after 5, 3.7e-7 after 40 (python -m tools.replica_invariance
-# --gin_file=configs/experiments/digits_mobilenet_v3_small.gin --replicas=1,2 --steps=N). A scaling bug is not a
-# growth: it shows from the first step at 1e-4 or more (the planted-bug tests below), so that case is held to 1e-5
-# after 40 steps, and to the usual 1e-9 after 5 (test_a_deep_network_agrees_to_1e_9_before_its_rounding_grows).
-CHAOTIC_TOLERANCE = {"digits-mobilenet-v3-small": 1e-5}
+# MobileNetV3Small's float64 rounding differences (the sums over 1 or 2 replicas' halves of the batch) grow by orders of
+# magnitude within tens of steps through its 50 layers of hard-swish and synchronized BatchNormalization, at a rate
+# that depends on the CPU: at 2 replicas (python -m tools.replica_invariance
+# --gin_file=configs/experiments/digits_mobilenet_v3_small.gin --replicas=1,2 --steps=N), on one machine 6.1e-14
+# after 5 steps and 3.7e-7 after 40; on an AMD EPYC host (cosine.warmup_steps=3) 1.7e-10 after 5 and 1.4e-2 after
+# 20, the same on the template's previous commit. No fixed bound past the warm-up holds on every CPU, so it is
+# checked at the usual 1e-9 after 5 steps (test_a_deep_network_agrees_to_1e_9_before_its_rounding_grows): a scaling
+# bug shows from the first step at 1e-4 or more (the planted-bug tests below).
+SHORT_RUN_CASES = {"digits-mobilenet-v3-small"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(set(CASES) - SHORT_RUN_CASES))
 def test_weights_match_across_replica_counts_in_float64(data_dir, case):
     config_file, params, replicas, *accumulate = CASES[case]
     config = _shipped(config_file, *params)
@@ -112,8 +114,7 @@ def test_weights_match_across_replica_counts_in_float64(data_dir, case):
     assert steps >= 40 and steps > gin.query_parameter("cosine.warmup_steps")  # Past the warm-up.
     runs, probe = replica_invariance.measure(config, replicas, steps=steps, accumulate=accumulate[0] if accumulate
                                              else None)
-    passed, table = replica_invariance.report(runs, probe,
-                                              CHAOTIC_TOLERANCE.get(case, replica_invariance.TOLERANCE))
+    passed, table = replica_invariance.report(runs, probe)
     print(table)
     assert passed, table
     assert [(run.replicas, run.accumulate_steps) for run in runs] == [
@@ -298,8 +299,8 @@ def test_a_bad_config_is_one_error_line_without_gins_call_context(capsys):
 
 @pytest.mark.slow
 def test_a_deep_network_agrees_to_1e_9_before_its_rounding_grows(data_dir):
-    """CHAOTIC_TOLERANCE's case at the usual 1e-9 after 5 steps (measured 6.1e-14): the looser bound after 40 steps
-    is rounding that grew, not a difference present from the start, as a scaling bug would be."""
+    """SHORT_RUN_CASES' case at the usual 1e-9 after 5 steps, before its rounding differences grow (see
+    SHORT_RUN_CASES): a scaling bug would show from the first step."""
     config = _shipped("configs/experiments/digits_mobilenet_v3_small.gin")
     runs, probe = replica_invariance.measure(config, [1, 2], steps=5)
     passed, table = replica_invariance.report(runs, probe)
