@@ -129,6 +129,17 @@ def test_the_sidecar_metrics_equal_the_in_loop_evaluation_of_each_step(trained, 
 
 
 @pytest.mark.slow
+def test_a_sidecar_of_another_configuration_is_exit_2_even_when_the_ledger_is_complete(trained, killed_and_restarted):
+    """Another SEED on the finished run's model_dir: refused as a resume would be (not 'final' with the other
+    run's evaluations); the ledger is left as it was."""
+    ledger = _ledger(trained)
+    result = run_train_py(*ARGS, *SIDECAR, "--gin_param=SEED=7", f"--model_dir={trained}")
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "holds a checkpoint of a different run (SEED: checkpoint 0, now 7)" in result.stderr, result.stderr[-3000:]
+    assert "final:" not in result.stdout and _ledger(trained) == ledger
+
+
+@pytest.mark.slow
 def test_a_restart_without_the_ledger_evaluates_twice_and_the_check_catches_it(trained, killed_and_restarted,
                                                                                tmp_path):
     """Negative control of the exactly-once check, and the timeout end: a copy of the run without its ledger

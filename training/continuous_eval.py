@@ -117,6 +117,8 @@ class Sidecar:
     def run(self) -> dict:
         """Evaluates checkpoints until the one of TRAIN_STEPS; returns {'step', 'eval', 'evaluated', 'skipped'}."""
         self.resume()
+        if self.run_dir.read_json("run_identity.json") is not None:  # Now, also when the ledger covers TRAIN_STEPS
+            self._check_identity()  # already: another configuration's records are not this one's (exit 2).
         checkpoint_dir, train_steps = self.run_dir.checkpoint_dir, self.config.train_steps
         log.info("Watching %s for checkpoints (every %g s; ends after step %d, or %g s without a new one).",
                  checkpoint_dir, self.settings.poll_seconds, train_steps, self.settings.timeout_seconds)
