@@ -13,7 +13,7 @@ from common.registry import lookup
 from data import imagenet
 from data.spec import DatasetSpec, check_task_features
 from tasks.base import Task
-from tasks.image_classification import ImageClassification, flip_and_crop_32
+from tasks.image_classification import ImageClassification, flip_and_crop
 from tasks.tabular import TabularClassification, TabularRegression
 from tasks.text_classification import TextClassification
 
@@ -47,7 +47,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "cifar10": DatasetSpec(tfds_name="cifar10", train_split="train", eval_split="test",
                            task=ImageClassification(num_classes=10, image_shape=(32, 32, 3),
                                                     mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
-                                                    augment=flip_and_crop_32)),
+                                                    augment=flip_and_crop)),
     # ILSVRC 2012 (1,281,167 train / 50,000 validation images, 1,000 classes): no download exists; stage it from the
     # two tar files of image-net.org with `python -m data.stage --dataset=imagenet2012 --manual_dir=...`. Read by
     # shard file (~140 GB); JPEGs decoded to 224 x 224 crops (data/imagenet.py). Serving takes 224 x 224 images.

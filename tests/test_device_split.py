@@ -21,7 +21,7 @@ GLOBAL_BATCH = 48  # 1,437 digits: step 29 crosses into the second epoch.
 
 
 def _flip_and_crop_8(image, seed):
-    """flip_and_crop_32's 8x8 twin: stateless random flip, 1-pixel pad, random crop."""
+    """tasks/image_classification.flip_and_crop's 8x8 twin: stateless random flip, 1-pixel pad, random crop."""
     flip_seed, crop_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
     image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
     image = tf.pad(image, [[1, 1], [1, 1], [0, 0]], mode="REFLECT")

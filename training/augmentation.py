@@ -2,9 +2,9 @@
 
     experiment.augmentation = ['flip_and_crop', 'randaugment', 'mixup']
 
-Per-example ones run where the task prepares a training example, in the order listed ('flip_and_crop': random
-horizontal flip, reflect-pad by a side // 8 and random crop back; 'randaugment': tasks/randaugment.py); each gets its
-own stream of the example's seed (SEED, position). At most one batch one ('mixup' or 'cutmix':
+Per-example ones run where the task prepares a training example, in the order listed ('flip_and_crop': CIFAR-10's
+flip and crop at any size, tasks/image_classification.py; 'randaugment': tasks/randaugment.py); each gets its own
+stream of the example's seed (SEED, position). At most one batch one ('mixup' or 'cutmix':
 training/learning/mixing.py) runs in the training step on the device, pairing rows 2k and 2k + 1. None (the default)
 keeps the dataset's own augmentation (CIFAR-10: flip-and-crop, data/registry.py); [] turns it off. Image
 classification tasks only. Evaluation never augments and scores the hard labels.
@@ -15,24 +15,13 @@ import dataclasses
 import tensorflow as tf
 
 from common.errors import ConfigError
-from tasks.image_classification import ImageClassification
+from tasks.image_classification import ImageClassification, flip_and_crop
 from tasks.randaugment import randaugment
 from training.learning.mixing import Mixing, cutmix, mixup
 
 PER_EXAMPLE = ("flip_and_crop", "randaugment")
 PER_BATCH = {"mixup": mixup, "cutmix": cutmix}
 NAMES = (*PER_EXAMPLE, *PER_BATCH)
-
-
-def flip_and_crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """Random horizontal flip, reflect padding of side // 8 (at least 1; 4 for CIFAR's 32) and a random crop back
-    to the image's size: CIFAR-10's flip_and_crop_32 at any size."""
-    height, width, channels = image.shape
-    flip_seed, crop_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
-    image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-    pad_y, pad_x = max(1, height // 8), max(1, width // 8)
-    image = tf.pad(image, [[pad_y, pad_y], [pad_x, pad_x], [0, 0]], mode="REFLECT")
-    return tf.image.stateless_random_crop(image, size=(height, width, channels), seed=crop_seed)
 
 
 def on_unit_pixels(augment, task: ImageClassification):
