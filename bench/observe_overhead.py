@@ -50,6 +50,7 @@ def main() -> None:
     from training import experiment
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
     from training.trainer import Trainer
 
     # As train.py logs: INFO lines of training.* formatted and written (to memory here, not the terminal).
@@ -62,8 +63,11 @@ def main() -> None:
     config = experiment.experiment()
     trainer = Trainer(config, make_strategy(config.strategy))
     model_dir = tempfile.mkdtemp(prefix="observe-bench-")
-    controller = Controller(trainer, RunDirectory(model_dir), model_settings=experiment.model_settings(config.model))
-    with open(os.path.join(model_dir, "operative_config.gin"), "w") as handle:
+    controller = Controller(trainer, RunRecord(trainer, RunDirectory(model_dir),
+                                               model_settings=experiment.model_settings(config.model)))
+    from training.run_directory.layout import OPERATIVE_CONFIG
+
+    with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as handle:
         import gin
 
         handle.write(gin.operative_config_str())
@@ -79,7 +83,7 @@ def main() -> None:
 
     totals = {}
     progress.loop_done = _timed(totals, "progress", progress.loop_done)
-    controller.history.record = _timed(totals, "history", controller.history.record)
+    controller.record.history.record = _timed(totals, "history", controller.record.history.record)
     tensorboard.summaries.scalars = _timed(totals, "summaries", tensorboard.summaries.scalars)
     iterator = trainer.train_iterator()
     steps = config.steps_per_loop

@@ -67,6 +67,7 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
     from training import config_files, experiment
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
     from training.trainer import Trainer
 
     gin_file, extra = CONFIGS[name]
@@ -77,8 +78,8 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
     logger.addHandler(collect)
     try:
         trainer = Trainer(experiment.experiment(), make_strategy("default"))
-        controller = Controller(trainer, RunDirectory(model_dir))
-        controller.restore()
+        controller = Controller(trainer, RunRecord(trainer, RunDirectory(model_dir)))
+        controller.record.restore()
         controller.train_and_evaluate()
     finally:
         logger.removeHandler(collect)

@@ -164,15 +164,15 @@ ROTATED_WHILE_READ = """
 import sys
 import tensorflow as tf
 import train
-from training import continuous_eval
-original = continuous_eval.verify
+from training.run_directory import record
+original = record.verify
 def verify_then_rotate(prefix):
     reason = original(prefix)
     if prefix.endswith("ckpt-150"):
         for name in tf.io.gfile.glob(prefix + ".*"):
             tf.io.gfile.remove(name)
     return reason
-continuous_eval.verify = verify_then_rotate
+record.verify = verify_then_rotate
 sys.exit(train.main(["train.py"] + sys.argv[1:]))
 """
 
@@ -198,7 +198,7 @@ def test_without_a_run_the_sidecar_times_out_with_exit_2(tmp_path):
     assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"No checkpoint appeared in {tmp_path / 'none'}/checkpoints within continuous_eval.timeout_seconds=2" \
         in result.stderr
-    assert not os.path.exists(tmp_path / "none" / "checkpoints")  # It only read model_dir.
+    assert not os.path.exists(tmp_path / "none")  # It only read model_dir, and removed the folder of its lock.
 
 
 def test_sigterm_ends_a_waiting_sidecar_with_exit_3(tmp_path):
@@ -221,7 +221,7 @@ def test_sigterm_ends_a_waiting_sidecar_with_exit_3(tmp_path):
 @pytest.mark.parametrize("value", [0, -1, float("inf"), "60", True])
 def test_a_bad_timeout_or_poll_is_a_config_error_naming_it(setting, value):
     from common.errors import ConfigError
-    from training.continuous_eval import ContinuousEvalSettings
+    from training.controller import ContinuousEvalSettings
 
     with pytest.raises(ConfigError, match=f"continuous_eval.{setting}=.* must be a number of seconds > 0"):
         ContinuousEvalSettings(**{setting: value})
@@ -275,3 +275,29 @@ def test_on_gcs_the_sidecar_evaluates_each_checkpoint_once_across_its_sigkill(gc
         assert all(abs(value - in_loop[record["step"]][name]) <= TOLERANCE for name, value in
                    record["metrics"].items()), (record, in_loop[record["step"]])
     assert "runs/digits/eval_sidecar/run.lock" not in gcs.object_names(gcs_bucket)  # Released.
+
+
+def test_a_sidecar_whose_settings_would_make_a_second_writer_of_best_is_exit_2(tmp_path, capsys, data_dir):
+    """One writer of best/: the training job evaluates every 50 steps and keeps best/ by accuracy; a sidecar started
+    with EVAL_EVERY=0 (which would make it keep best/ too) is exit 2 naming EVAL_EVERY and the fix, and writes
+    nothing. Negative control: the sidecar with the training job's settings runs, records its evaluations and
+    leaves best/ to the training job. In-process (train.main)."""
+    import train
+
+    model_dir = str(tmp_path / "run")
+    common = [f"--model_dir={model_dir}", "--gin_param=TRAIN_STEPS=100", "--gin_param=STEPS_PER_LOOP=50",
+              "--gin_param=CHECKPOINT_EVERY=50", "--gin_param=BEST_METRIC='eval/accuracy'",
+              f"--gin_param=DATA_DIR='{data_dir}'"]
+    assert train.main(["train.py", *common, "--gin_param=EVAL_EVERY=50"]) == 0
+    best = open(os.path.join(model_dir, "best", "best.json")).read()
+    sidecar = [*common, "--mode=continuous_eval", "--gin_param=continuous_eval.poll_seconds=1",
+               "--gin_param=continuous_eval.timeout_seconds=30"]
+    capsys.readouterr()
+    assert train.main(["train.py", *sidecar, "--gin_param=EVAL_EVERY=0"]) == 2
+    error = capsys.readouterr().err
+    assert "runs with EVAL_EVERY=50 (this sidecar: 0)" in error and '--gin_param="EVAL_EVERY=50"' in error, error
+    assert not os.path.exists(os.path.join(model_dir, "eval_sidecar", "metrics.jsonl"))
+    assert train.main(["train.py", *sidecar, "--gin_param=EVAL_EVERY=50"]) == 0
+    output = capsys.readouterr().out
+    assert "'evaluated': [50, 100]" in output and "Best eval/accuracy" not in output, output[-3000:]
+    assert open(os.path.join(model_dir, "best", "best.json")).read() == best

@@ -143,12 +143,13 @@ def test_export_and_export_best_serve_the_ema_weights(tmp_path, small_config):
     control: those differ by far more)."""
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
 
     trainer = _trainer(small_config, 1, ema_decay=0.9, train_steps=20, eval_every=20, steps_per_loop=10,
                        best_metric="eval/accuracy")
     run = str(tmp_path / "run")
-    controller = Controller(trainer, RunDirectory(run))
-    controller.restore()
+    controller = Controller(trainer, RunRecord(trainer, RunDirectory(run)))
+    controller.record.restore()
     controller.train_and_evaluate()
     assert json.load(open(f"{run}/best/best.json"))["step"] == 20  # The best is the last: the same weights.
     features = np.random.RandomState(0).randint(0, 17, size=(20, 8, 8, 1)).astype(np.uint8)

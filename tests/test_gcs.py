@@ -140,6 +140,7 @@ def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs_p
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
     from training.run_directory.storage_guard import StorageGuard
     from training.trainer import Trainer
 
@@ -147,8 +148,9 @@ def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs_p
     model_dir = f"gs://{gcs.new_bucket()}/run"
     trainer = Trainer(small_config(train_steps=15, steps_per_loop=5, checkpoint_every=5), make_strategy("default"))
     # The save is retried (training waits) for experiment.storage_timeout_seconds, here 5 s; then a StorageError.
-    controller = Controller(trainer, RunDirectory(model_dir, guard=StorageGuard(timeout_seconds=5)))
-    controller.restore()
+    directory = RunDirectory(model_dir, guard=StorageGuard(timeout_seconds=5))
+    controller = Controller(trainer, RunRecord(trainer, directory))
+    controller.record.restore()
     train, weights_at_5 = trainer.train, []
 
     def train_then_lose_the_server(iterator, num_steps):
@@ -168,7 +170,7 @@ def test_a_checkpoint_save_while_the_server_is_gone_keeps_the_previous_one(gcs_p
         gcs.restart_server()  # Same objects on disk: nothing written before the outage is lost.
     assert tf.train.latest_checkpoint(f"{model_dir}/checkpoints") == f"{model_dir}/checkpoints/ckpt-5"
     restored = Trainer(small_config(train_steps=15, steps_per_loop=5), make_strategy("default"))
-    Controller(restored, RunDirectory(model_dir)).restore()
+    RunRecord(restored, RunDirectory(model_dir)).restore()
     assert restored.step == 5
     assert len(weights_at_5) == len(restored.model.weights)
     for weight, expected in zip(restored.model.weights, weights_at_5, strict=True):

@@ -254,6 +254,7 @@ def test_a_lars_run_resumed_from_its_checkpoint_continues_bit_for_bit(tmp_path, 
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
     from training.trainer import Trainer
 
     gin.parse_config(["polynomial.warmup_steps = 5"])
@@ -264,15 +265,15 @@ def test_a_lars_run_resumed_from_its_checkpoint_continues_bit_for_bit(tmp_path, 
         many, a checkpoint, then the rest in a new Trainer restored from it."""
         def trainer_and_controller():
             trainer = Trainer(small_config(train_steps=40, **config), make_strategy("default"))
-            return trainer, Controller(trainer, RunDirectory(str(model_dir)))
+            return trainer, Controller(trainer, RunRecord(trainer, RunDirectory(str(model_dir))))
 
         trainer, controller = trainer_and_controller()
-        controller.restore()
+        controller.record.restore()
         if first_steps:
             trainer.train(trainer.train_iterator(), first_steps)
-            controller._save(first_steps)  # The checkpoint a run interrupted after `first_steps` leaves.
+            controller.record.save(first_steps)  # The checkpoint a run interrupted after `first_steps` leaves.
             trainer, controller = trainer_and_controller()
-            controller.restore()
+            controller.record.restore()
             assert trainer.step == first_steps
             if zero_slots:
                 for variable in trainer.optimizer.variables:

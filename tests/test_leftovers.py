@@ -82,18 +82,18 @@ def test_objects_with_a_double_slash_below_model_dir_are_removed_and_nothing_out
 
 def test_only_a_chief_that_may_write_removes_them(small_config, tmp_path):
     from tpu_utils.strategy import make_strategy
-    from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
     from training.trainer import Trainer
 
     model_dir = str(tmp_path / "run")
     leftover = join(model_dir, "export", ".20.tmp-0a1b2c3d", "saved_model.pb")
     _write(leftover)
     trainer = Trainer(small_config(), make_strategy("default"))
-    Controller(trainer, RunDirectory(model_dir, is_chief=False)).restore()
-    Controller(trainer, RunDirectory(model_dir)).restore(writable=False)  # --mode=eval beside a training run.
+    RunRecord(trainer, RunDirectory(model_dir, is_chief=False)).restore()
+    RunRecord(trainer, RunDirectory(model_dir)).restore(writable=False)  # --mode=eval beside a training run.
     assert tf.io.gfile.exists(leftover)
-    Controller(trainer, RunDirectory(model_dir)).restore()
+    RunRecord(trainer, RunDirectory(model_dir)).restore()
     assert not tf.io.gfile.exists(leftover) and tf.io.gfile.isdir(join(model_dir, "export"))
 
 

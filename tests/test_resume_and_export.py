@@ -56,11 +56,12 @@ def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
     from training.trainer import Trainer
 
     trainer = Trainer(small_config(model="cnn", train_steps=10), make_strategy("default"))
-    controller = Controller(trainer, RunDirectory(str(tmp_path / "run")))
-    controller.restore()
+    controller = Controller(trainer, RunRecord(trainer, RunDirectory(str(tmp_path / "run"))))
+    controller.record.restore()
     controller.train_and_evaluate()
     export_dir = str(tmp_path / "run" / "export" / "10")
     images = np.random.RandomState(0).randint(0, 17, size=(50, 8, 8, 1)).astype(np.uint8)
@@ -100,11 +101,12 @@ def test_a_resumed_run_uses_the_newly_configured_learning_rate(tmp_path, small_c
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
+    from training.run_directory.record import RunRecord
     from training.trainer import Trainer
 
     first = Trainer(small_config(train_steps=5, learning_rate=0.05), make_strategy("default"))
-    Controller(first, RunDirectory(str(tmp_path))).train_and_evaluate()
+    Controller(first, RunRecord(first, RunDirectory(str(tmp_path)))).train_and_evaluate()
     resumed = Trainer(small_config(train_steps=10, learning_rate=0.2), make_strategy("default"))
-    Controller(resumed, RunDirectory(str(tmp_path))).restore()
+    RunRecord(resumed, RunDirectory(str(tmp_path))).restore()
     assert resumed.step == 5
     assert float(resumed.optimizer.learning_rate.numpy()) == pytest.approx(0.2)

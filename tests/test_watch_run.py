@@ -40,23 +40,29 @@ def _records(model_dir: str) -> list[dict]:
 # --- progress ---------------------------------------------------------------------------------------------------
 
 def test_the_eta_is_the_remaining_steps_over_the_moving_average_without_the_first_loop():
+    from training.observers.base import TrainLoop
     from training.observers.progress import WINDOW, Progress
+
+    def loop(step, seconds):
+        return TrainLoop(step=step, num_steps=100, seconds=seconds, metrics={"loss": 1.0}, learning_rate=0.1,
+                         global_batch_size=64)
 
     now = [0.0]
     progress = Progress(1000, 64, interactive=False, clock=lambda: now[0])
     with progress.active(0):
         now[0] += 60.0  # The first loop compiles: 60 s for 100 steps, which must not count.
-        progress.loop_done(100, 100, 60.0, {"loss": 1.0}, 0.1)
+        progress.loop_done(loop(100, 60.0))
         assert progress.eta_seconds(100) is None
         for step, seconds in ((200, 1.0), (300, 1.0)):  # 100 steps/s.
             now[0] += seconds
-            rates = progress.loop_done(step, 100, seconds, {"loss": 1.0}, 0.1)
+            progress.loop_done(loop(step, seconds))
+        rates = loop(300, 1.0).rates
         assert rates == {"steps_per_second": 100.0, "examples_per_second": 6400.0}
         assert progress.eta_seconds(300) == pytest.approx(7.0)  # 700 steps at 100 steps/s.
         line = progress.line(300, {"loss": 1.0}, 0.1, rates, seconds=1.0, first=False)
         assert "ETA 0:07" in line and "elapsed 1:02" in line and "100.0 steps/s" in line and "6,400 examples/s" in line
         for step in range(400, 400 + 100 * WINDOW, 100):  # Slower: 50 steps/s fills the window.
-            progress.loop_done(step, 100, 2.0, {"loss": 1.0}, 0.1)
+            progress.loop_done(loop(step, 2.0))
         assert progress.eta_seconds(800) == pytest.approx(200 / 50)
 
 

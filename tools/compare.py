@@ -44,17 +44,17 @@ class Run:
         import tensorflow as tf
 
         from training.run_directory.history import read_records
-        from training.run_directory.layout import RunDirectory
+        from training.run_directory.layout import HISTORY, OPERATIVE_CONFIG, SUMMARY, RunDirectory
 
         self.path = path.rstrip("/")
-        config_path = join(self.path, "operative_config.gin")
+        config_path = join(self.path, OPERATIVE_CONFIG)
         if not tf.io.gfile.exists(config_path):
-            raise FileNotFoundError(f"{self.path} is not a run directory (no operative_config.gin): pass a model_dir "
+            raise FileNotFoundError(f"{self.path} is not a run directory (no {OPERATIVE_CONFIG}): pass a model_dir "
                                     "that train.py wrote.")
         with tf.io.gfile.GFile(config_path) as handle:
             self.config = parse_operative_config(handle.read())
-        self.summary = RunDirectory(self.path).read_json("metrics.json") or {}  # A ConfigError naming a corrupt one.
-        self.evals = [record for record in read_records(join(self.path, "metrics.jsonl"))
+        self.summary = RunDirectory(self.path).read_json(SUMMARY) or {}  # A ConfigError naming a corrupt one.
+        self.evals = [record for record in read_records(join(self.path, HISTORY))
                       if record["kind"] == "eval"]
 
     def best(self, metric: str, mode: str) -> tuple[float, int] | None:

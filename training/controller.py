@@ -1,33 +1,34 @@
-"""The host loop: the only code that decides when to log, evaluate, checkpoint, summarise and export.
+"""The host loop: the only code that decides when to train, evaluate, checkpoint and export, and that tells the
+observers (training/observers/: the finite guard, profiling, progress lines, best-keeping, metrics.jsonl,
+TensorBoard, early stopping; yours through `experiment.observers`) what happened. One loop for every mode:
 
-Between two on-device loops of STEPS_PER_LOOP steps it tells its observers (training/observers/: the finite guard,
-the profiler, progress lines, TensorBoard, metrics.jsonl, best-keeping; yours through `experiment.observers`),
-evaluates every EVAL_EVERY steps (rewriting metrics.json), checkpoints every CHECKPOINT_EVERY steps
-(training/run_directory/checkpoints.py: read back before older ones are deleted), and honours SIGTERM/SIGINT
-(checkpoint, then exit 3). At the end it evaluates, checkpoints and exports; a stop requested during that still
-writes the final checkpoint first.
+- train: on-device loops of STEPS_PER_LOOP steps to TRAIN_STEPS, an evaluation every EVAL_EVERY steps, a checkpoint
+  every CHECKPOINT_EVERY steps, SIGTERM/SIGINT honoured (checkpoint, exit 3); at the end evaluate, checkpoint, export.
+- eval: one evaluation of the restored checkpoint, recorded like any other.
+- continuous_eval (the sidecar evaluator, docs/sidecar_eval.md): waits for the training job's checkpoints instead of
+  training them, and evaluates each once through the same evaluation and observers; its records go to
+  eval_sidecar/. It ends after TRAIN_STEPS's checkpoint (exit 0), after `continuous_eval.timeout_seconds` without a
+  new one (exit 0; exit 2 if none ever came), or on SIGTERM once the current evaluation is recorded (exit 3).
+
+Every write goes through the RunRecord (training/run_directory/record.py).
 """
 
 import contextlib
+import dataclasses
 import logging
+import math
 import time
 
 import tensorflow as tf
 
-from common.errors import ConfigError, StorageError, TrainingInterrupted
+from common.errors import ConfigError, TrainingInterrupted
 from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
-from tpu_utils.strategy import io_device_for, is_multi_worker
+from tpu_utils.strategy import is_multi_worker
 from training import stop_signals
 from training.observers.base import Evaluation, Observer, TrainLoop
 from training.observers.standard import RunParts, make_observers
-from training.run_directory import identity as run_identity
-from training.run_directory.best import BestKeeper
-from training.run_directory.checkpoints import CheckpointStore
-from training.run_directory.export import export_trainer
-from training.run_directory.history import History
-from training.run_directory.layout import RunDirectory
-from training.run_directory.leftovers import remove_leftovers
+from training.run_directory.record import RunRecord
 from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -35,118 +36,47 @@ log = logging.getLogger(__name__)
 REPLICA_TOLERANCE = 1e-5  # Replicas' copies of a weight agree far closer than this (float32 rounding is ~1e-7).
 
 
-def _drop_partial_restore_warnings(record) -> bool:
-    """A logging filter: False for TensorFlow's warnings about a checkpoint whose restore was abandoned."""
-    message = record.getMessage()
-    return not ("deleted with unrestored values" in message or "could not be found in the restored object" in message)
+@dataclasses.dataclass(frozen=True)
+class ContinuousEvalSettings:
+    """gin: `continuous_eval.timeout_seconds`, `continuous_eval.poll_seconds` (--mode=continuous_eval)."""
+
+    timeout_seconds: float = 3600  # End after this long without a new checkpoint (also before the first one).
+    poll_seconds: float = 10  # How often checkpoints/checkpoint is read (one small read; on gs:// one GET).
+
+    def __post_init__(self):
+        for name in ("timeout_seconds", "poll_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"continuous_eval.{name}={value!r} must be a number of seconds > 0, e.g. "
+                                  f"--gin_param=\"continuous_eval.{name}=60\".")
 
 
 class Controller:
-    """Runs a Trainer to TRAIN_STEPS with the bookkeeping of the run directory. `observers`: the list to call
-    instead of the configured one (training/observers/standard.py make_observers), e.g. in a test or a notebook."""
+    """Runs a Trainer in one mode with the bookkeeping of its RunRecord. `observers`: the list to call instead of
+    the configured one (training/observers/standard.py make_observers), e.g. in a test or a notebook."""
 
-    def __init__(self, trainer: Trainer, run_dir: RunDirectory, *, model_settings: dict | None = None,
-                 observers: list[Observer] | None = None):
-        self.trainer = trainer
-        self.run_dir = run_dir
-        self.config = trainer.config
-        self.identity = run_identity.run_identity(self.config, model_settings,
-                                                  data=run_identity.data_identity(trainer.builder))
-        # Non-chief workers save to a temporary folder (they must save too) and resume from the chief's checkpoints.
-        self.store = CheckpointStore(trainer.checkpoint, read_dir=run_dir.checkpoint_dir,
-                                     write_dir=run_dir.checkpoint_write_dir, keep=self.config.checkpoints_to_keep,
-                                     options=tf.train.CheckpointOptions(experimental_io_device=io_device_for(
-                                         trainer.strategy, run_dir.checkpoint_write_dir)),
-                                     verify_saves=run_dir.is_chief)
-        # Every write asks the guard first (training/run_directory/storage_guard.py); a multi-worker save is collective,
-        # so one worker cannot retry it alone.
-        run_dir.guard.recovery = self.store.previous_phrase
-        run_dir.guard.retries = not is_multi_worker(trainer.strategy)
+    def __init__(self, trainer: Trainer, record: RunRecord, *, observers: list[Observer] | None = None):
+        self.trainer, self.record, self.config = trainer, record, trainer.config
         # Multi-worker: a stop requested on one worker is honoured by all of them at the same loop boundary.
         self._any_worker = make_any_worker(trainer.strategy) if is_multi_worker(trainer.strategy) else bool
-        self._saved_step = None  # Step of the newest checkpoint this process wrote or restored.
         self._train_metrics = {}  # Of the last training loop; metrics.json's "train" part.
         self._last_evaluation = None  # The last recorded evaluation's result, {'step', 'train', 'eval'}.
-        metric, mode = self.config.best_by()
-        evaluated = ("loss", *(each.name for each in trainer.eval_metrics))
-        if trainer.ema is not None:  # The EMA weights' under the usual names, the trained ones' as raw_<name>.
-            evaluated = (*evaluated, *(f"raw_{name}" for name in evaluated))
-        self.history = History(run_dir, metric=metric, mode=mode, evaluated=evaluated)
-        # With EVAL_EVERY=0 the sidecar evaluator (--mode=continuous_eval) keeps best/: one writer of it.
-        self.best = BestKeeper(trainer, run_dir) if self.config.best_metric and self.config.eval_every else None
-        parts = RunParts(trainer=trainer, run_dir=run_dir, store=self.store, history=self.history, best=self.best,
-                         any_worker=self._any_worker, model_settings=model_settings or {}, may_write=self._may_write)
+        parts = RunParts(trainer=trainer, record=record, any_worker=self._any_worker)
         self.observers = make_observers(parts, self.config.observers) if observers is None else list(observers)
 
     def _notify(self, hook: str, *args) -> None:
         for observer in self.observers:
             getattr(observer, hook)(*args)
 
-    def _may_write(self) -> bool:
-        """Whether this run may still write model_dir (its lock held, its storage not failing for too long)."""
-        try:
-            self.run_dir.guard.check()
-        except StorageError:
-            return False
-        return True
+    @contextlib.contextmanager
+    def _running(self, step: int):
+        """The observers' `running` contexts, closed also on a stop (exit 3) or a failure (TensorBoard flushes)."""
+        with contextlib.ExitStack() as running:
+            for observer in self.observers:
+                running.enter_context(observer.running(step))
+            yield
 
-    def _save(self, step: int) -> None:
-        """Checkpoints `step` (once), never non-finite state (the loop's finite check ran just before). The run lock
-        is read back first; a failing storage is retried (training waits) for experiment.storage_timeout_seconds."""
-        if step == self._saved_step:
-            return
-        guard = self.run_dir.guard
-
-        def attempt():
-            guard.check(confirm=True)
-            return self.store.save(step)
-
-        guard.retry(f"the checkpoint save of step {step}", attempt)
-        self._saved_step = step
-
-    def restore(self, *, writable: bool = True) -> int:
-        """Restores the newest intact checkpoint if there is one (after checking it belongs to this run), else warm
-        starts from INIT_FROM if set (training/warm_start.py); returns the step. Damaged newer checkpoints are
-        skipped with a warning; none intact among files is exit 2. The chief of a run that may write model_dir first
-        removes what a killed run left there (training/run_directory/leftovers.py)."""
-        if writable and self.run_dir.is_chief:
-            remove_leftovers(self.run_dir.model_dir)
-        latest = self.store.find_restorable(writable=writable and self.run_dir.is_chief)
-        previous = self.run_dir.read_json("run_identity.json")
-        self.run_dir.read_json("metrics.json")  # A corrupt one is exit 2 now, not after training.
-        if latest:
-            run_identity.check_resume(previous, self.identity, model_dir=self.run_dir.model_dir,
-                                      data_dir=self.config.data_dir)
-            try:
-                self.trainer.restore(latest)
-            except (ValueError, AssertionError, tf.errors.OpError) as error:  # Shapes or dtypes do not fit.
-                # The half-done restore would warn about "unrestored values" when it is garbage-collected, after
-                # (and burying) the one line that says what to do.
-                tf.get_logger().addFilter(_drop_partial_restore_warnings)
-                raise run_identity.restore_mismatch_error(previous, self.identity, checkpoint=latest, error=error,
-                                                          model_dir=self.run_dir.model_dir) from error
-            self._saved_step = self.trainer.step
-            log.info("Resumed from %s at step %d.", latest, self.trainer.step)
-            if self.config.init_from:
-                log.info("INIT_FROM=%r not used: this run resumes from its own checkpoint.", self.config.init_from)
-        elif self.config.init_from:  # A new run: model variables from INIT_FROM; optimizer and step stay new.
-            self.trainer.warm_start()
-        if self.best is not None:
-            self.best.resume(writable=writable and self.run_dir.is_chief)
-        self.history.resume(self.trainer.step, rewrite=writable)
-        return self.trainer.step
-
-    def record_identity(self) -> None:
-        """Writes run_identity.json (when it changed): the settings a later resume is checked against."""
-        if self.run_dir.read_json("run_identity.json") != self.identity:
-            self.run_dir.write_json("run_identity.json", self.identity)
-
-    def restore_for_inference(self, *, writable: bool = True) -> int:
-        """Restores the newest intact checkpoint for --mode=eval/export; a ConfigError if there is none."""
-        if not self.store.has_files():
-            raise ConfigError(f"No checkpoint in {self.run_dir.checkpoint_dir}: train first (--mode=train) or pass "
-                              "the --model_dir of a trained run.")
-        return self.restore(writable=writable)
+    # --- train
 
     def train_and_evaluate(self) -> dict:
         """Trains from the current step to TRAIN_STEPS; returns the final {'step', 'train', 'eval'} metrics."""
@@ -157,19 +87,17 @@ class Controller:
                      config.train_steps)
         elif stopped:
             log.info("Stopped early at step %d, before this start: %s.", trainer.step, stopped)
-        with contextlib.ExitStack() as running:  # Closed also on a stop (exit 3) or a failure (TensorBoard flushes).
-            for observer in self.observers:
-                running.enter_context(observer.running(trainer.step))
+        with self._running(trainer.step):
             if trainer.step < config.train_steps and not stopped:
                 self._train_loops()
             with stop_signals.honoured():
                 last = self._last_evaluation  # An early stop has just evaluated this step.
                 final = last if last and last["step"] == trainer.step else self.evaluate()
                 self._stop_if_requested(f"after the final evaluation at step {trainer.step}", export_follows=True)
-                self._save(trainer.step)
-                self.export()
+                self.record.save(trainer.step)
+                self.record.export()
                 self._stop_if_requested(f"after the export of step {trainer.step}")
-                self.history.flush()  # Records kept through a storage failure: written, or a StorageError.
+                self.record.history.flush()  # Records kept through a storage failure: written, or a StorageError.
         self._check_replicas_agree()
         return final
 
@@ -191,13 +119,25 @@ class Controller:
                         self.evaluate()
                     self._stop_if_requested(f"at step {step}")
                     if config.checkpoint_every and step % config.checkpoint_every == 0:
-                        self._save(step)
+                        self.record.save(step)
                     stopped = self._stop_reason()
                     if stopped:
                         log.info("Stopped early at step %d: %s.", step, stopped)
                         break
             finally:
                 self._notify("loops_end")
+
+    def _run_one_loop(self, iterator) -> None:
+        config, trainer = self.config, self.trainer
+        num_steps = min(config.steps_per_loop, config.train_steps - trainer.step)
+        self._notify("before_loop", trainer.step, num_steps)
+        started = time.perf_counter()
+        metrics = trainer.train(iterator, num_steps)
+        seconds = time.perf_counter() - started
+        learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
+        self._notify("after_loop", TrainLoop(step=trainer.step, num_steps=num_steps, seconds=seconds, metrics=metrics,
+                                             learning_rate=learning_rate, global_batch_size=config.global_batch_size))
+        self._train_metrics = metrics
 
     def _stop_reason(self) -> str | None:
         """Why an observer ends training now (early stopping), or None; every worker stops at the same loop."""
@@ -221,39 +161,11 @@ class Controller:
         """Honours a requested stop (every worker together): checkpoint, then exit 3."""
         if not self._any_worker(stop_signals.requested() is not None):
             return
-        self._save(self.trainer.step)
+        self.record.save(self.trainer.step)
         cause = stop_signals.requested() or "another worker"
         skipped = "; the SavedModel was not exported (the rerun exports it)" if export_follows else ""
-        raise TrainingInterrupted(f"Stopped by {cause} {where}; checkpoint {self.store.latest} saved{skipped}. "
-                                  "Rerun the same command to resume.")
-
-    def evaluate(self, *, record: bool = True) -> dict:
-        """Exact evaluation now; logs it and, when `record`, records it (`record_evaluation`)."""
-        started = time.perf_counter()
-        evaluation = self.trainer.evaluate()
-        step, seconds = self.trainer.step, time.perf_counter() - started
-        self._notify("after_evaluation", Evaluation(step=step, metrics=evaluation, seconds=seconds))
-        if record:
-            self._last_evaluation = self.record_evaluation(step, evaluation, seconds)
-            return self._last_evaluation
-        return {"step": step, "train": self._train_metrics, "eval": evaluation}
-
-    def record_evaluation(self, step: int, evaluation: dict, seconds: float) -> dict:
-        """Records an evaluation: the observers' records (TensorBoard, metrics.jsonl, a new best), then metrics.json."""
-        self._notify("record_evaluation", Evaluation(step=step, metrics=evaluation, seconds=seconds))
-        if not self._train_metrics:  # --mode=eval, or nothing left to train: keep the recorded training figures.
-            self._train_metrics = (self.run_dir.read_json("metrics.json") or {}).get("train", {})
-        self.run_dir.write_metrics(step, self._train_metrics, evaluation, best=self.history.best)
-        return {"step": step, "train": self._train_metrics, "eval": evaluation}
-
-    def export(self) -> str:
-        path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        self.run_dir.guard.retry(f"the export to {path}", lambda: export_trainer(
-            self.trainer, path, recovery=f"nothing was left there. The checkpoint {self.store.latest or '(none)'} is "
-            "intact: fix the storage, then rerun with --mode=export."))
-        if self.run_dir.is_chief:
-            log.info("Exported SavedModel to %s", path)
-        return path
+        raise TrainingInterrupted(f"Stopped by {cause} {where}; checkpoint {self.record.checkpoints.latest} saved"
+                                  f"{skipped}. Rerun the same command to resume.")
 
     def _check_replicas_agree(self) -> None:
         """Synchronous training keeps every replica's weights equal, on every worker; measures it once at the end."""
@@ -265,14 +177,110 @@ class Controller:
         report("Replica weights: the %d replicas' copies differ by at most %.1e (relative; tolerance %.0e).",
                strategy.num_replicas_in_sync, disagreement, REPLICA_TOLERANCE)
 
-    def _run_one_loop(self, iterator) -> None:
-        config, trainer = self.config, self.trainer
-        num_steps = min(config.steps_per_loop, config.train_steps - trainer.step)
-        self._notify("before_loop", trainer.step, num_steps)
+    # --- evaluate
+
+    def evaluate(self, *, record: bool = True) -> dict:
+        """Exact evaluation now; the observers see it and, when `record`, it is recorded (`record_evaluation`)."""
         started = time.perf_counter()
-        metrics = trainer.train(iterator, num_steps)
-        seconds = time.perf_counter() - started
-        learning_rate = float(tf.convert_to_tensor(trainer.optimizer.learning_rate).numpy())
-        self._notify("after_loop", TrainLoop(step=trainer.step, num_steps=num_steps, seconds=seconds, metrics=metrics,
-                                             learning_rate=learning_rate, global_batch_size=config.global_batch_size))
-        self._train_metrics = metrics
+        evaluation = self.trainer.evaluate()
+        step, seconds = self.trainer.step, time.perf_counter() - started
+        self._notify("after_evaluation", Evaluation(step=step, metrics=evaluation, seconds=seconds))
+        if not record:
+            return {"step": step, "train": self._train_metrics, "eval": evaluation}
+        self._last_evaluation = self.record_evaluation(step, evaluation, seconds)
+        return self._last_evaluation
+
+    def record_evaluation(self, step: int, evaluation: dict, seconds: float) -> dict:
+        """Ranks the evaluation (the history decides whether it is the best so far), lets the observers record it
+        (best/, metrics.jsonl, TensorBoard), then rewrites metrics.json."""
+        new_best = self.record.history.consider(step, evaluation)
+        self._notify("record_evaluation", Evaluation(step=step, metrics=evaluation, seconds=seconds,
+                                                     new_best=new_best))
+        return self.record.write_summary(step, self._train_metrics, evaluation)
+
+    def evaluate_once(self, *, recorded: bool) -> dict:
+        """--mode=eval: evaluates once; a failure to record it is a warning (the metrics were printed), not a rerun."""
+        from common.errors import StorageError
+
+        started = time.perf_counter()
+        result = self.evaluate(record=False)
+        if not recorded:
+            return result
+        try:
+            return self.record_evaluation(result["step"], result["eval"], time.perf_counter() - started)
+        except StorageError as error:
+            log.warning("%s The metrics above were computed but not recorded.", error)
+            return result
+
+    # --- continuous_eval
+
+    def evaluate_continuously(self, settings: ContinuousEvalSettings, *, clock=time.monotonic) -> dict:
+        """The sidecar: evaluates each checkpoint the training job names, oldest first, until TRAIN_STEPS's; returns
+        {'step', 'eval', 'evaluated', 'skipped'}. A SIGKILL before an evaluation's record re-evaluates it once on
+        restart; the TensorBoard observer writes events a kill cut off after the record."""
+        record, train_steps = self.record, self.config.train_steps
+        done = record.resume_records()
+        if record.has_identity():  # Also when the ledger covers TRAIN_STEPS already: another configuration's
+            record.check_identity()  # records are not this one's (exit 2).
+        log.info("Watching %s for checkpoints (every %g s; ends after step %d, or %g s without a new one).",
+                 record.directory.checkpoint_dir, settings.poll_seconds, train_steps, settings.timeout_seconds)
+        last_new = clock()
+        with self._running(max(done, default=0)):
+            while max(done, default=-1) < train_steps:
+                stop_signals.stop_if_requested("while waiting for a checkpoint", "every evaluation so far is recorded")
+                ready = record.ready_steps(after=max(done, default=0))
+                if not ready:
+                    if clock() - last_new >= settings.timeout_seconds:
+                        return self._timed_out(done, settings.timeout_seconds)
+                    self._sleep(settings.poll_seconds, clock)
+                    continue
+                record.check_identity()  # The training job may have been resumed with other settings.
+                for step in ready:
+                    for missed in self._predicted_between(max(done, default=0), step):
+                        record.skip(missed, "rotated away before the sidecar read it")
+                        done.add(missed)
+                    self._evaluate_checkpoint(step)
+                    done.add(step)
+                    stop_signals.stop_if_requested(f"after recording the evaluation of step {step}",
+                                                   "every evaluation so far is recorded")
+                last_new = clock()
+        return self._sidecar_result()
+
+    def _predicted_between(self, last: int, step: int) -> range:
+        """The checkpoint steps CHECKPOINT_EVERY predicts after `last` and before `step`: a sidecar that sees `step`
+        next missed them (they rotated away, checkpoints_to_keep, before it read them)."""
+        every = self.config.checkpoint_every
+        return range(last // every * every + every, step, every) if every else range(0)
+
+    def _evaluate_checkpoint(self, step: int) -> None:
+        """Restores the checkpoint of `step` and evaluates it, recorded; or records why it was skipped."""
+        reason = self.record.restore_step(step)
+        if reason is not None:
+            self.record.skip(step, reason)
+            return
+        self.evaluate()
+
+    @staticmethod
+    def _sleep(seconds: float, clock) -> None:
+        """Waits `seconds`, waking early for a stop request (SIGTERM)."""
+        until = clock() + seconds
+        while clock() < until and not stop_signals.requested():
+            time.sleep(min(0.2, seconds))
+
+    def _timed_out(self, done: set[int], timeout: float) -> dict:
+        if not done:
+            raise ConfigError(f"No checkpoint appeared in {self.record.directory.checkpoint_dir} within "
+                              f"continuous_eval.timeout_seconds={timeout:g}: is --model_dir the training job's (and "
+                              "is it running)? To wait longer, raise continuous_eval.timeout_seconds.")
+        log.warning("Timed out: no new checkpoint in %s for continuous_eval.timeout_seconds=%g; the last recorded is "
+                    "step %d of TRAIN_STEPS=%d. Rerun the same command to go on watching (nothing is evaluated "
+                    "twice).", self.record.directory.checkpoint_dir, timeout, max(done), self.config.train_steps)
+        return {**self._sidecar_result(), "timed_out": True}
+
+    def _sidecar_result(self) -> dict:
+        ledger = self.record.ledger()
+        evaluations = [record for record in ledger if record["kind"] == "eval"]
+        return {"step": evaluations[-1]["step"] if evaluations else None,
+                "eval": evaluations[-1]["metrics"] if evaluations else {},
+                "evaluated": [record["step"] for record in evaluations],
+                "skipped": [record["step"] for record in ledger if record["kind"] == "skipped"]}

@@ -160,6 +160,12 @@ class Trainer:
             self.optimizer.learning_rate = self.config.learning_rate
 
     @property
+    def evaluated_names(self) -> tuple[str, ...]:
+        """What `evaluate` reports: 'loss' and the metrics; with EMA_DECAY also raw_<name> for each."""
+        names = ("loss", *(metric.name for metric in self.eval_metrics))
+        return (*names, *(f"raw_{name}" for name in names)) if self.ema is not None else names
+
+    @property
     def step(self) -> int:
         """Training steps run so far, i.e. global batches consumed (saved in every checkpoint)."""
         return int(self.global_step.numpy())

@@ -30,6 +30,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from common.errors import ConfigError
 from common.storage_paths import join
 from training.run_directory.checkpoints import checkpoint_steps, verify
+from training.run_directory.layout import CHECKPOINTS
 from training.variable_selection import select
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def resolve(init_from: str) -> tuple[str, str]:
         return "weights", init_from
     if tf.io.gfile.exists(init_from + ".index"):
         return "checkpoint", init_from
-    for folder in (join(init_from, "checkpoints"), init_from):
+    for folder in (join(init_from, CHECKPOINTS), init_from):
         steps = checkpoint_steps(folder) if tf.io.gfile.isdir(folder) else []
         for step in reversed(steps):
             prefix = join(folder, f"ckpt-{step}")

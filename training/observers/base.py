@@ -8,7 +8,8 @@ The Controller calls each observer, in list order, at these points (every hook i
 - `before_loop(step, num_steps)`, then `after_loop(TrainLoop)` around each on-device loop of STEPS_PER_LOOP steps;
 - `loops_end()`: after the last loop, also when training stops early or fails;
 - `after_evaluation(Evaluation)`: after every evaluation, recorded or not (--mode=eval on a run it cannot write);
-- `record_evaluation(Evaluation)`: when an evaluation is recorded in the run directory;
+- `record_evaluation(Evaluation)`: when an evaluation is recorded in the run directory (also by the sidecar
+  evaluator, --mode=continuous_eval, which has no training loops);
 - `stop_reason()`: asked before each loop; a non-empty reason ends training there, as if TRAIN_STEPS were reached
   (the final checkpoint and export follow; exit 0), e.g. early stopping.
 An observer that raises stops the run (the finite guard raises NonFiniteLossError: exit 4). `chief_only` observers
@@ -49,6 +50,7 @@ class Evaluation:
     step: int
     metrics: dict
     seconds: float
+    new_best: bool = False  # Recorded evaluations: whether it is the best so far by BEST_METRIC (the history ranks).
 
 
 class Observer:

@@ -94,21 +94,19 @@ class Progress:
             log.info("step %d: tracing and compiling the training loop, then running its first %d steps (this loop's "
                      "time includes the compile and is reported apart) ...", step, num_steps)
 
-    def loop_done(self, step: int, num_steps: int, seconds: float, metrics: dict, learning_rate: float) -> dict:
-        """Records a loop of `num_steps` that took `seconds`; prints its line; returns its rates for summaries."""
+    def loop_done(self, loop) -> None:
+        """Records a loop (training/observers/base.py TrainLoop: its step, seconds, rates) and prints its line."""
         self._loops += 1
         first = self._loops == 1
-        rate = num_steps / seconds if seconds > 0 else float("inf")
+        rates = loop.rates
         if not first:
-            self._rates.append(rate)
-        rates = {"steps_per_second": rate, "examples_per_second": rate * self.global_batch_size}
-        text = self.line(step, metrics, learning_rate, rates, seconds=seconds, first=first)
+            self._rates.append(rates["steps_per_second"])
+        text = self.line(loop.step, loop.metrics, loop.learning_rate, rates, seconds=loop.seconds, first=first)
         if self._bar is not None:
-            self._bar.n = step
+            self._bar.n = loop.step
             self._bar.set_description_str(text, refresh=True)
         else:
             log.info("%s", text)
-        return rates
 
     def eta_seconds(self, step: int) -> float | None:
         """Seconds to TRAIN_STEPS at the moving-average rate of the loops after the first; None before one."""

@@ -1,11 +1,13 @@
 """The observers every run has, the registry of observers by name, and how a Controller gets its list.
 
 A run's observers are DEFAULT_OBSERVERS, then the names in `experiment.observers` (yours, registered in OBSERVERS:
-docs/make_it_yours.md, "Watch it your way"), in that order. Order matters where one observer acts on what another
-decided: the finite guard runs first (nothing is printed or recorded of a non-finite loop), best-keeping after the
-history that ranks evaluations.
+docs/make_it_yours.md, "Watch it your way"), in that order. Order matters: the finite guard runs first (nothing is
+printed or recorded of a non-finite loop); an evaluation's best/ is kept before its metrics.jsonl record, and that
+record is written before its TensorBoard events (a sidecar killed in between re-evaluates it, or writes the
+missing events, on restart).
 """
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -19,23 +21,21 @@ from training.observers.base import Evaluation, Observer, TrainLoop
 from training.observers.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.observers.profiling import Profiler, start_server
 from training.observers.progress import Progress
-from training.observers.summaries import Summaries
+from training.observers.summaries import Summaries, event_steps
+from training.run_directory.history import improves, read_records
+from training.run_directory.layout import OPERATIVE_CONFIG, TRAIN_EVENTS
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class RunParts:
-    """What observers may use, built by the Controller: the Trainer, the run directory and its records."""
+    """What observers may use, built by the Controller: the Trainer and the RunRecord (training/run_directory/
+    record.py: its `directory`, `checkpoints`, `history`, `best`, `may_write()`), which every write goes through."""
 
     trainer: object  # training.trainer.Trainer
-    run_dir: object  # training.run_directory.layout.RunDirectory
-    store: object  # training.run_directory.checkpoints.CheckpointStore: the rotating checkpoints
-    history: object  # training.run_directory.history.History: metrics.jsonl and the best evaluation so far
-    best: object | None  # training.run_directory.best.BestKeeper, when BEST_METRIC is set
+    record: object  # training.run_directory.record.RunRecord
     any_worker: Callable[[bool], bool]  # True on every worker if it is True on any (a collective in multi-worker)
-    model_settings: dict  # {'cnn.filters': (32, 64), ...} as gin bound them, for TensorBoard's hparams
-    may_write: Callable[[], bool]  # Whether the run may still write model_dir (lock held, storage answering)
 
     @property
     def config(self):
@@ -50,7 +50,7 @@ class FiniteGuard(Observer):
         self._variables = [*parts.trainer.model.variables, *parts.trainer.optimizer.variables]
         self._all_finite = make_finite_check(self._variables)
         self._divergence = DivergenceMonitor()
-        self._store = parts.store
+        self._store = parts.record.checkpoints
 
     def after_loop(self, loop: TrainLoop) -> None:
         loss, step = loop.metrics["loss"], loop.step
@@ -74,15 +74,16 @@ class ProgressLines(Observer):
 
     def __init__(self, parts: RunParts):
         self.progress = Progress(parts.config.train_steps, parts.config.global_batch_size)
+        self.training = parts.record.role == "train"
 
     def running(self, step: int):
-        return self.progress.active(step)
+        return self.progress.active(step) if self.training else contextlib.nullcontext()
 
     def before_loop(self, step: int, num_steps: int) -> None:
         self.progress.loop_starting(step, num_steps)
 
     def after_loop(self, loop: TrainLoop) -> None:
-        self.progress.loop_done(loop.step, loop.num_steps, loop.seconds, loop.metrics, loop.learning_rate)
+        self.progress.loop_done(loop)
 
     def after_evaluation(self, evaluation: Evaluation) -> None:
         self.progress.show_eval(evaluation.step, evaluation.metrics, evaluation.seconds)
@@ -90,33 +91,46 @@ class ProgressLines(Observer):
 
 class TensorBoard(Observer):
     """TensorBoard events (training/observers/summaries.py): the run's config and hparams once, input images at step
-    0, train/ scalars per loop, eval/ scalars per recorded evaluation; flushed when training ends, however it ends."""
+    0, train/ scalars per loop, scalars per recorded evaluation (eval/; the sidecar's in eval_sidecar/); flushed when
+    the run ends, however it ends. At the start, evaluations recorded without their events (a kill in between) get
+    them."""
 
     chief_only = True
 
     def __init__(self, parts: RunParts):
         self.parts = parts
-        self.summaries = Summaries(parts.run_dir)
+        self.record = parts.record
+        self.summaries = Summaries(parts.record.records)
 
     def running(self, step: int):
+        self._write_missing_events()
         return _finally(self.summaries.flush)
 
+    def _write_missing_events(self) -> None:
+        record = self.record
+        recorded = {entry["step"]: entry["metrics"] for entry in read_records(record.history.path)
+                    if entry["kind"] == "eval"}
+        if recorded:
+            folder = record.records.path(record.eval_events) if record.eval_events else record.records.model_dir
+            for step in sorted(set(recorded) - event_steps(folder)):
+                self.summaries.scalars(record.eval_events, step, recorded[step])
+
     def loops_start(self, step: int) -> None:
-        run_dir, trainer = self.parts.run_dir, self.parts.trainer
-        path = run_dir.path("operative_config.gin")
+        directory, trainer = self.record.directory, self.parts.trainer
+        path = directory.path(OPERATIVE_CONFIG)
         if tf.io.gfile.exists(path):
             with tf.io.gfile.GFile(path) as handle:
                 self.summaries.config_text(step, handle.read())
-        self.summaries.hparams(step, {**dataclasses.asdict(trainer.config), **self.parts.model_settings},
-                               ["loss", *(metric.name for metric in trainer.eval_metrics)])
+        self.summaries.hparams(step, {**dataclasses.asdict(trainer.config), **self.record.model_settings},
+                               list(trainer.evaluated_names))
         if step == 0:
             self.summaries.input_images(0, trainer.task, trainer.builder, trainer.dataset_spec.eval_split)
 
     def after_loop(self, loop: TrainLoop) -> None:
-        self.summaries.scalars("train", loop.step, loop.scalars)
+        self.summaries.scalars(TRAIN_EVENTS, loop.step, loop.scalars)
 
     def record_evaluation(self, evaluation: Evaluation) -> None:
-        self.summaries.scalars("eval", evaluation.step, evaluation.metrics)
+        self.summaries.scalars(self.record.eval_events, evaluation.step, evaluation.metrics)
 
 
 class Profiling(Observer):
@@ -125,7 +139,8 @@ class Profiling(Observer):
     chief_only = True
 
     def __init__(self, parts: RunParts):
-        self.profiler = Profiler(parts.config.profile_steps, parts.run_dir.model_dir, may_write=parts.may_write)
+        self.profiler = Profiler(parts.config.profile_steps, parts.record.directory.model_dir,
+                                 may_write=parts.record.may_write)
         self.port = parts.config.profiler_port
 
     def loops_start(self, step: int) -> None:
@@ -146,7 +161,7 @@ class HistoryRecords(Observer):
     ranks evaluations by BEST_METRIC."""
 
     def __init__(self, parts: RunParts):
-        self.history = parts.history
+        self.history = parts.record.history
 
     def after_loop(self, loop: TrainLoop) -> None:
         self.history.record("train", loop.step, loop.scalars, seconds=round(loop.seconds, 4))
@@ -156,17 +171,17 @@ class HistoryRecords(Observer):
 
 
 class BestKeeping(Observer):
-    """With BEST_METRIC: checkpoints and exports a new best evaluation to best/ and export/best/. The chief's history
-    decides for every worker (they all save, or none does: saving is collective)."""
+    """With BEST_METRIC: checkpoints and exports a new best evaluation to best/ and export/best/, in the process that
+    keeps best/ (training/run_directory/record.py keeps_best). The chief's history decides for every worker (they
+    all save, or none does: saving is collective)."""
 
     def __init__(self, parts: RunParts):
-        self.parts = parts
+        self.record, self.any_worker = parts.record, parts.any_worker
 
     def record_evaluation(self, evaluation: Evaluation) -> None:
-        parts = self.parts
-        chief = parts.run_dir.is_chief
-        if parts.any_worker(parts.history.new_best and chief):
-            parts.best.keep(parts.history.best if chief else {"step": evaluation.step})
+        chief = self.record.is_chief
+        if self.any_worker(evaluation.new_best and chief):
+            self.record.best.keep(self.record.history.best if chief else {"step": evaluation.step})
 
 
 class EarlyStopping(Observer):
@@ -177,7 +192,7 @@ class EarlyStopping(Observer):
 
     def __init__(self, parts: RunParts):
         config = parts.config
-        self.history, self.patience, self.min_delta = parts.history, config.early_stop_patience, \
+        self.history, self.patience, self.min_delta = parts.record.history, config.early_stop_patience, \
             config.early_stop_min_delta
         self.metric, self.mode = config.best_by()
 
@@ -185,9 +200,7 @@ class EarlyStopping(Observer):
         best = best_step = None
         stale = 0
         for step, value in self.history.evaluations:
-            improved = best is None or (value > best + self.min_delta if self.mode == "max"
-                                        else value < best - self.min_delta)
-            if improved and math.isfinite(value):
+            if improves(value, best, self.mode, self.min_delta):
                 best, best_step, stale = value, step, 0
             else:
                 stale += 1
@@ -207,10 +220,10 @@ OBSERVERS: dict[str, Callable[[RunParts], Observer | None]] = {
     "progress": ProgressLines,
     "tensorboard": TensorBoard,
     "history": HistoryRecords,
-    "best": lambda parts: BestKeeping(parts) if parts.best is not None else None,
+    "best": lambda parts: BestKeeping(parts) if parts.record.best is not None else None,
     "early_stopping": lambda parts: EarlyStopping(parts) if parts.config.early_stop_patience else None,
 }
-DEFAULT_OBSERVERS = ("finite_guard", "profiling", "progress", "tensorboard", "history", "best", "early_stopping")
+DEFAULT_OBSERVERS = ("finite_guard", "profiling", "progress", "best", "history", "tensorboard", "early_stopping")
 
 
 def make_observers(parts: RunParts, extra: tuple[str, ...] = ()) -> list[Observer]:
@@ -221,7 +234,7 @@ def make_observers(parts: RunParts, extra: tuple[str, ...] = ()) -> list[Observe
         factory = lookup(OBSERVERS, name, named=f"experiment.observers entry {name!r}", known="observers",
                          where="training/observers/standard.py (OBSERVERS)")
         observer = factory(parts)
-        if observer is not None and (parts.run_dir.is_chief or not observer.chief_only):
+        if observer is not None and (parts.record.is_chief or not observer.chief_only):
             observers.append(observer)
     return observers
 

@@ -20,6 +20,7 @@ import logging
 import tensorflow as tf
 
 from common.storage_errors import describe
+from common.storage_paths import join
 from common.storage_wait import reporting_on_gcs
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,20 @@ class Summaries:
             log.warning("TensorBoard events not written (the storage failed): %s. Their values are in "
                         "metrics.jsonl.", "; ".join(f"{name}/ at steps {', '.join(map(str, steps))}"
                                                     for name, steps in missing.items()))
+
+
+def event_steps(folder: str) -> set[int]:
+    """Steps with summary values in the TensorBoard files of `folder` (a truncated last record ends that file's
+    read)."""
+    steps = set()
+    for path in tf.io.gfile.glob(join(folder, "events.out.tfevents.*")):
+        try:
+            for event in tf.compat.v1.train.summary_iterator(path):
+                if event.summary.value:
+                    steps.add(event.step)
+        except tf.errors.DataLossError:
+            pass
+    return steps
 
 
 def _hparam_value(value):

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tpu_utils.strategy import io_device_for
 from training.run_directory.checkpoints import CheckpointStore
 from training.run_directory.export import export_trainer
+from training.run_directory.layout import BEST_RECORD
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,6 @@ class BestKeeper:
             self.trainer, export, recovery=f"its checkpoint {path} is intact: fix the storage and rerun the same "
             "command (training resumes from the last checkpoint)."))
         if self.run_dir.is_chief:
-            self.run_dir.write_json("best/best.json", {**best, "checkpoint": path, "export": export})
+            self.run_dir.write_json(BEST_RECORD, {**best, "checkpoint": path, "export": export})
             log.info("Best %s so far (%.4f at step %d): kept %s and exported %s.", best["metric"], best["value"],
                      best["step"], path, export)

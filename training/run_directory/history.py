@@ -1,5 +1,5 @@
-"""The run's history: model_dir/metrics.jsonl, one JSON record per training loop and per evaluation, and the best
-evaluation so far.
+"""The run's history: model_dir/metrics.jsonl, one JSON record per training loop and per evaluation, and the ranking
+of evaluations by BEST_METRIC (the one place that decides whether an evaluation is the best so far).
 
     {"kind": "train", "step": 200, "time": 1764553200.1, "metrics": {"loss": ..., "accuracy": ..., "lr": ...}}
     {"kind": "eval", "step": 500, "time": 1764553210.4, "seconds": 1.2, "metrics": {"loss": ..., "accuracy": ...}}
@@ -27,10 +27,18 @@ import tensorflow as tf
 from common.errors import ConfigError, StorageError
 from common.storage_errors import describe
 from common.storage_wait import reporting_on_gcs
+from training.run_directory.layout import HISTORY as FILE
 
 log = logging.getLogger(__name__)
 
-FILE = "metrics.jsonl"
+
+def improves(value: float, best: float | None, mode: str, min_delta: float = 0.0) -> bool:
+    """Whether `value` of the ranked metric beats `best` (None: nothing yet) under `mode` ('max' or 'min') by more
+    than `min_delta`; a non-finite value never does. History ranks evaluations and early stopping judges patience
+    with it."""
+    if not math.isfinite(value):
+        return False
+    return best is None or (value > best + min_delta if mode == "max" else value < best - min_delta)
 
 
 def read_records(path: str) -> list[dict]:
@@ -79,7 +87,6 @@ class History:
         self._pending: list[dict] = []  # Records not yet written (the storage failed); written with the next one.
         self._rewrite = False  # A failed append may have left half a line: the next write rewrites the file.
         self.best: dict | None = None  # {"step", "metric", "mode", "value"}
-        self.new_best = False  # Whether the last recorded evaluation was a new best.
         self.evaluations: list[tuple[int, float]] = []  # (step, value of `metric`) of every evaluation kept, in order.
 
     def resume(self, step: int, *, rewrite: bool = True) -> None:
@@ -94,11 +101,11 @@ class History:
             self.run_dir.write_text(FILE, _lines(kept))
             log.info("%s: kept the %d records up to step %d (dropped %d written after that checkpoint).", FILE,
                      len(kept), step, len(records) - len(kept))
-        self._keys = {(record["kind"], record["step"]) for record in kept}
-        self.best, self.evaluations = None, []
+        self._keys, self.best, self.evaluations = set(), None, []
         for record in kept:  # An evaluation from before experiment.metrics changed may lack the metric: skipped.
             if record["kind"] == "eval" and self.metric_name in record["metrics"]:
-                self._consider(record["step"], record["metrics"])
+                self.consider(record["step"], record["metrics"])
+        self._keys = {(record["kind"], record["step"]) for record in kept}
 
     def record(self, kind: str, step: int, metrics: dict, **extra) -> bool:
         """Appends a record unless one of this (kind, step) exists; returns whether it was new."""
@@ -150,22 +157,18 @@ class History:
                                "written. The checkpoints are intact: rerun the same command once the storage is back.")
 
     def record_eval(self, step: int, metrics: dict, seconds: float) -> bool:
-        """Records an evaluation; returns whether it is a new best by the chosen metric (also kept as `new_best`,
-        for the best-keeping observer)."""
-        self.new_best = self.record("eval", step, metrics, seconds=round(seconds, 3)) and self._consider(step, metrics)
-        return self.new_best
+        """Appends an evaluation's record; returns whether it was new."""
+        return self.record("eval", step, metrics, seconds=round(seconds, 3))
 
-    def _consider(self, step: int, metrics: dict) -> bool:
-        value = metrics.get(self.metric_name)
-        if value is None:
-            raise ConfigError(f"BEST_METRIC={self.metric!r}: the evaluation has no {self.metric_name!r} (it has "
-                              f"{', '.join(metrics)}). Use one of those, e.g. 'eval/{next(iter(metrics))}'.")
-        value = float(value)
-        self.evaluations.append((step, value))
-        if not math.isfinite(value):
+    def consider(self, step: int, metrics: dict) -> bool:
+        """Ranks the evaluation of `step` (before it is recorded: best/ is kept first, so a kill in between
+        re-evaluates rather than loses it); returns whether it is the best so far. An evaluation this history
+        already holds is not ranked again."""
+        if ("eval", step) in self._keys:
             return False
-        if self.best is not None and not (value > self.best["value"] if self.mode == "max"
-                                          else value < self.best["value"]):
+        value = float(metrics[self.metric_name])  # In the evaluated names: checked when this history was made.
+        self.evaluations.append((step, value))
+        if not improves(value, None if self.best is None else self.best["value"], self.mode):
             return False
         self.best = {"step": step, "metric": self.metric, "mode": self.mode, "value": value}
         return True

@@ -10,6 +10,10 @@ restore names the changed ones. Keys missing from an older run_identity.json are
 recorded only when EMA is on, so its presence is the switch, and switching EMA on or off on resume is refused (the
 checkpoint would lack the averages, or hold averages nothing updates); its value may change (it is not in the
 weights' shapes, like LEARNING_RATE).
+
+EVAL_EVERY, BEST_METRIC and BEST_MODE are recorded too: a resume may change them, but a sidecar evaluator
+(--mode=continuous_eval) must share them with the training job, since they decide which of the two keeps best/
+(training/run_directory/record.py keeps_best).
 """
 
 import json
@@ -19,6 +23,7 @@ from data import staged_source
 from training.config import ExperimentConfig
 
 STRICT_KEYS = ("GLOBAL_BATCH_SIZE", "SEED", "MODEL", "DATASET", "PRECISION", "experiment.optimizer", "DATA_VERSION")
+SIDECAR_KEYS = ("EVAL_EVERY", "BEST_METRIC", "BEST_MODE")  # Who keeps best/: the same for a sidecar.
 
 
 def run_identity(config: ExperimentConfig, model_settings: dict | None = None, data: dict | None = None) -> dict:
@@ -27,6 +32,8 @@ def run_identity(config: ExperimentConfig, model_settings: dict | None = None, d
     identity = {"GLOBAL_BATCH_SIZE": config.global_batch_size, "SEED": config.seed, "MODEL": config.model,
                 "DATASET": config.dataset, "PRECISION": config.precision, "experiment.optimizer": config.optimizer,
                 **({"EMA_DECAY": config.ema_decay} if config.ema_decay else {}),
+                "EVAL_EVERY": config.eval_every, "BEST_METRIC": config.best_metric,
+                "BEST_MODE": config.best_by()[1] if config.best_metric else None,
                 **(data or {}), **(model_settings or {})}
     return json.loads(json.dumps(identity))  # Tuples as lists, as they read back from the file.
 
@@ -99,10 +106,25 @@ def check_resume(previous: dict | None, current: dict, *, model_dir: str, data_d
                           "--model_dir to start afresh.")
 
 
+def check_sidecar(previous: dict | None, current: dict, *, model_dir: str) -> None:
+    """A ConfigError if a sidecar's EVAL_EVERY, BEST_METRIC or BEST_MODE differ from the training job's: with
+    BEST_METRIC set, they decide which of the two keeps best/, and two writers of it would interleave."""
+    previous = previous or {}
+    if not (previous.get("BEST_METRIC") or current.get("BEST_METRIC")):
+        return
+    changed = [key for key in SIDECAR_KEYS if key in previous and previous[key] != current[key]]
+    if changed:
+        settings = ", ".join(f"{key}={previous[key]!r} (this sidecar: {current[key]!r})" for key in changed)
+        fix = " ".join(f'--gin_param="{key}={previous[key]!r}"' for key in changed)
+        raise ConfigError(f"The training job of {model_dir} runs with {settings}: they decide whether the training "
+                          "job or the sidecar keeps best/, and best/ has one writer (docs/sidecar_eval.md). Run the "
+                          f"sidecar with the training job's gin files and bindings, here {fix}.")
+
+
 def restore_mismatch_error(previous: dict | None, current: dict, *, checkpoint: str, error: Exception,
                            model_dir: str) -> ConfigError:
     """The ConfigError for a checkpoint whose variables do not fit the model built now (shape or dtype)."""
-    changed = changes(previous or {}, current)
+    changed = changes(previous or {}, current, [key for key in current if key not in SIDECAR_KEYS])
     what = f"Changed since the checkpoint: {', '.join(changed)}." if changed else \
         "run_identity.json records no changed setting (was the model code edited?)."
     first_line = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)

@@ -1,20 +1,22 @@
-"""The run directory (`model_dir`, local or gs://) as docs/run_directory.md lays it out; I/O through tf.io.gfile.
+"""The run directory (`model_dir`, local or gs://) as docs/run_directory.md lays it out: every file name spelled
+here once, the paths, the small files, and the run lock held while this process writes. I/O through tf.io.gfile.
 
   model_dir/
     checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (checkpoints.py)
-    run.lock                held by the run writing here (training/run_directory/lock.py); gone after it exits
-    run_identity.json       settings a resumed run must share (training/run_directory/identity.py)
+    run.lock                held by the run writing here (lock.py); gone after it exits
+    run_identity.json       settings a resumed run (or a sidecar) must share (identity.py)
     operative_config.gin    the gin configuration actually used
     command.txt             the exact argv
     metrics.json            {"step": N, "train": {...}, "eval": {...}, "best": {...}}, rewritten after each eval
-    metrics.jsonl           one record per loop and per evaluation (training/run_directory/history.py)
+    metrics.jsonl           one record per loop and per evaluation (history.py)
     train/, eval/           TensorBoard event files (training/observers/summaries.py); hparams events in model_dir
-    itself plugins/profile/        the PROFILE_STEPS trace (training/observers/profiling.py)
-    best/                   the best checkpoint by BEST_METRIC, and best.json (training/run_directory/best.py)
-    eval_sidecar/           --mode=continuous_eval's ledger, events and lock (training/continuous_eval.py)
+    plugins/profile/        the PROFILE_STEPS trace (training/observers/profiling.py)
+    best/                   the best checkpoint by BEST_METRIC, and best.json (best.py)
+    eval_sidecar/           --mode=continuous_eval's records: its own metrics.jsonl, metrics.json, events and lock
     export/<step>/          SavedModel with a serving_default signature (export/best/: the best one)
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -26,9 +28,22 @@ import tensorflow as tf
 from common.errors import ConfigError, StorageError
 from common.storage_errors import describe, transient
 from common.storage_paths import join
+from training.run_directory import lock as run_lock
 from training.run_directory.storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+IDENTITY = "run_identity.json"
+OPERATIVE_CONFIG = "operative_config.gin"
+COMMAND = "command.txt"
+SUMMARY = "metrics.json"
+HISTORY = "metrics.jsonl"
+BEST = "best"
+BEST_RECORD = "best/best.json"
+EXPORT = "export"
+SIDECAR = "eval_sidecar"  # The records of --mode=continuous_eval (training/controller.py).
+TRAIN_EVENTS, EVAL_EVENTS = "train", "eval"  # TensorBoard folders of the training job's records.
 
 
 def temporary_name(name: str) -> str:
@@ -54,25 +69,53 @@ class RunDirectory:
         self.guard = guard or StorageGuard()
         self._scratch_dir = None
 
+    def folder(self, name: str) -> "RunDirectory":
+        """The sub-folder `name` as a run directory of its own, sharing this one's guard (a sidecar's records)."""
+        return RunDirectory(self.path(name), is_chief=self.is_chief, guard=self.guard)
+
+    @contextlib.contextmanager
+    def locked(self, *, optional: bool = False):
+        """Holds this directory's run lock (lock.py) for the body, on the chief; yields whether this process may
+        write. Every write asks the guard, which asks the lock: a gs:// lock can be lost mid-run. `optional`
+        (--mode=eval): a directory held by a training run, or not writable, yields False (a warning) instead of
+        exit 2."""
+        lock = run_lock.make_lock(self.model_dir, storage_timeout_seconds=self.guard.timeout_seconds) \
+            if self.is_chief else None
+        if lock is not None:
+            try:
+                lock.acquire()
+            except ConfigError as error:
+                if not optional:
+                    raise
+                log.warning("%s Evaluating without recording metrics.json.", error)
+                lock = None
+        if lock is not None:
+            self.guard.lock = lock
+        try:
+            yield lock is not None or not self.is_chief
+        finally:
+            if lock is not None:
+                lock.release()
+
     def path(self, *parts: str) -> str:
         return join(self.model_dir, *parts)
 
     @property
     def checkpoint_dir(self) -> str:
-        return self.path("checkpoints")
+        return self.path(CHECKPOINTS)
 
     @property
     def checkpoint_write_dir(self) -> str:
         """Where this process's checkpoints go: `checkpoint_dir` on the chief, a temporary folder elsewhere."""
-        return self.checkpoint_dir if self.is_chief else self._scratch("checkpoints")
+        return self.checkpoint_dir if self.is_chief else self._scratch(CHECKPOINTS)
 
     @property
     def best_dir(self) -> str:
         """Where the best checkpoint goes (BEST_METRIC; training/run_directory/best.py): model_dir/best on the chief."""
-        return self.path("best") if self.is_chief else self._scratch("best")
+        return self.path(BEST) if self.is_chief else self._scratch(BEST)
 
     def export_dir(self, step: int | str) -> str:
-        return self.path("export", str(step)) if self.is_chief else self._scratch("export", str(step))
+        return self.path(EXPORT, str(step)) if self.is_chief else self._scratch(EXPORT, str(step))
 
     def _scratch(self, *parts: str) -> str:
         if self._scratch_dir is None:
@@ -140,7 +183,7 @@ class RunDirectory:
         summary = {"step": step, "train": _floats(train), "eval": _floats(evaluation)}
         if best is not None:  # The best evaluation so far (training/run_directory/history.py).
             summary["best"] = best
-        self.write_json("metrics.json", summary)
+        self.write_json(SUMMARY, summary)
 
 
 def _floats(values: dict) -> dict:

@@ -24,6 +24,7 @@ import tensorflow as tf
 from common.storage_errors import describe
 from common.storage_paths import files_under, has_empty_segment, join, list_folder
 from training.run_directory.export import TEMPORARY as EXPORT_TEMPORARY
+from training.run_directory.layout import BEST, CHECKPOINTS, EXPORT
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,9 @@ WRITE_PROBE = re.compile(r"^\.write-probe-[0-9a-f]{32}$")
 # Folder below model_dir -> (patterns of the sub-folders to remove, patterns of the files to remove).
 _FOLDERS = {
     "": ((), (SMALL_FILE_TEMPORARY, WRITE_PROBE)),
-    "export": ((EXPORT_TEMPORARY,), ()),
-    "checkpoints": ((CHECKPOINT_TEMPORARY,), (STATE_TEMPORARY,)),
-    "best": ((CHECKPOINT_TEMPORARY,), (STATE_TEMPORARY, SMALL_FILE_TEMPORARY)),
+    EXPORT: ((EXPORT_TEMPORARY,), ()),
+    CHECKPOINTS: ((CHECKPOINT_TEMPORARY,), (STATE_TEMPORARY,)),
+    BEST: ((CHECKPOINT_TEMPORARY,), (STATE_TEMPORARY, SMALL_FILE_TEMPORARY)),
 }
 
 

@@ -37,10 +37,13 @@ class LocalLock:
         self.model_dir = model_dir
         self.path = os.path.join(model_dir, LOCK_NAME)
         self._fd = None
-        self._created = False
+        self._created = []  # The folders acquire() made, deepest first: removed again if still empty at release.
 
     def acquire(self) -> None:
-        self._created = not os.path.exists(self.model_dir)
+        self._created, folder = [], os.path.abspath(self.model_dir)
+        while not os.path.exists(folder):
+            self._created.append(folder)
+            folder = os.path.dirname(folder)
         if not self._created and not os.path.isdir(self.model_dir):
             raise ConfigError(f"--model_dir={self.model_dir!r} is not a directory (a file is in the way). Nothing "
                               "was written: pass another --model_dir.")
@@ -87,9 +90,11 @@ class LocalLock:
             os.unlink(self.path)  # While still holding it: a waiting opener then retries on a fresh file.
         os.close(self._fd)
         self._fd = None
-        if self._created:  # A run stopped before writing anything leaves no empty folder behind.
-            with contextlib.suppress(OSError):
-                os.rmdir(self.model_dir)
+        for folder in self._created:  # A run stopped before writing anything leaves no empty folder behind.
+            try:
+                os.rmdir(folder)
+            except OSError:  # Not empty: the run wrote there.
+                break
 
 
 def _read_record(fd: int) -> dict:
