@@ -1,14 +1,24 @@
-"""The core's only door to the extras: a forker may delete an extra's folder, and a run that needs it says so.
+"""What is core and what is extra, and the core's only door to the extras.
 
-The core (what every run executes: train.py, training/, data/ but its stage/ folder, tasks/, models/, tpu_utils/,
-serving/, common/) never imports an extra at module level (tests/test_layout.py checks it). Where a run needs one,
-for a gs:// path, it is loaded here, by name; if the folder is gone, the run stops with exit 2 naming the folder and
-how to get it back, instead of an ImportError traceback.
+FOLDERS is the one list of the extras: folders a fork may delete. The core (everything else: train.py, training/,
+data/, tasks/, models/, tpu_utils/, serving/, common/) never imports an extra (tests/test_layout.py checks it,
+tests/test_core_alone.py trains and runs the core's tests in a copy without them, and README's code map must name
+exactly these). Where a run needs one, for a gs:// path, it is loaded here, by name; if the folder is gone, the run
+stops with exit 2 naming the folder and how to get it back, instead of an ImportError traceback.
 """
 
 import importlib
 
 from common.errors import ConfigError
+
+# The extras, by folder, and what each holds.
+FOLDERS = {
+    "scripts": "launchers: TPU VMs, local multi-worker jobs, TPU start-up as exports",
+    "tools": "compare runs, predictions of an export, TPU config checks",
+    "data/stage": "staging your own data (python -m data.stage)",
+    "gcs": "gs:// support: the run lock of a gs:// model_dir, bucket checks",
+    "bench": "benchmarks",
+}
 
 # The extras a core module may load, and what each is for (the folder to restore is the module's package).
 EXTRAS = {"gcs.bucket_checks": "gs:// paths (bucket checks)", "gcs.run_lock": "a gs:// model_dir (its run lock)"}

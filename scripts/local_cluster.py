@@ -1,6 +1,6 @@
 """A multi-worker job on this machine: worker processes with TF_CONFIGs naming free 127.0.0.1 ports.
 
-scripts/launch_local.py runs train.py this way; the tests use it too, and its free-port finder for their servers.
+scripts/launch_local.py runs train.py this way; the tests use it too.
 Worker 0 is the chief. Each worker's output is forwarded line by line with a `[worker N]` prefix.
 
 Signals: the workers run in their own session, so a terminal's Ctrl-C (SIGINT to the foreground process group) or
@@ -14,23 +14,12 @@ killed outright (SIGKILL) passes nothing on: its workers train on to the end, th
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
-
-def free_loopback_ports(count: int) -> list[int]:
-    """`count` distinct free TCP ports on 127.0.0.1 (all held open until every one is picked)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+from common.loopback import free_loopback_ports
 
 
 def tf_configs(num_workers: int) -> list[str]:

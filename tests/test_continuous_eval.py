@@ -117,13 +117,22 @@ def test_the_sidecar_evaluates_each_checkpoint_once_across_its_sigkill(trained, 
 
 
 @pytest.mark.slow
-def test_the_sidecar_metrics_equal_the_in_loop_evaluation_of_each_step(trained, killed_and_restarted):
+def test_the_sidecar_writes_the_records_of_the_in_loop_evaluation_of_each_step(trained, killed_and_restarted):
+    """One host loop: the sidecar's records of each checkpoint are the training job's in-loop ones, field for field
+    (metrics within TOLERANCE; the time fields differ), and its metrics.json's best is the training job's."""
+    with open(f"{trained}/metrics.jsonl") as handle:
+        in_loop_records = {record["step"]: record for record in map(json.loads, handle) if record["kind"] == "eval"}
     in_loop = _in_loop(trained)
     assert sorted(in_loop) == STEPS
     for record in _ledger(trained):
+        assert record.keys() == in_loop_records[record["step"]].keys(), (record, in_loop_records[record["step"]])
         assert record["metrics"].keys() == in_loop[record["step"]].keys()
         for name, value in record["metrics"].items():
             assert abs(value - in_loop[record["step"]][name]) <= TOLERANCE, (record, in_loop[record["step"]])
+    with open(f"{trained}/metrics.json") as trainer_summary, open(f"{trained}/eval_sidecar/metrics.json") as summary:
+        trainer_best, sidecar_best = json.load(trainer_summary)["best"], json.load(summary)["best"]
+    assert sidecar_best["step"] == trainer_best["step"] and abs(sidecar_best["value"] - trainer_best["value"]) \
+        <= TOLERANCE, (sidecar_best, trainer_best)
     # Negative control: the comparison notices a metric off by more than the tolerance.
     assert abs(in_loop[50]["accuracy"] - in_loop[300]["accuracy"]) > TOLERANCE
 

@@ -14,9 +14,10 @@ import sys
 
 import pytest
 
+from common.extras import FOLDERS
 from helpers import REPO_ROOT
 
-EXTRAS = ("scripts", "tools", "data/stage", "gcs", "bench")
+EXTRAS = tuple(FOLDERS)  # common/extras.py: the one list of the extras.
 
 
 def copy_without(tmp_path, removed: tuple[str, ...]) -> str:

@@ -15,9 +15,11 @@ Each rule has a negative control.
 import ast
 import glob
 import os
+import re
 
 import pytest
 
+from common import extras
 from helpers import REPO_ROOT
 
 # Package -> the first-party packages it may import.
@@ -35,7 +37,7 @@ ALLOWED = {
 }
 FIRST_PARTY = set(ALLOWED) | {"train", "bench"}
 # Module-name prefixes of the extras; everything else first-party (train.py included) is the core.
-EXTRAS = ("gcs", "tools", "scripts", "bench", "data.stage")
+EXTRAS = tuple(folder.replace("/", ".") for folder in extras.FOLDERS)
 
 
 def module_name(path: str) -> str:
@@ -162,3 +164,17 @@ def test_nothing_cites_files_outside_the_repository():
             if "/.venv/" not in path and notes in open(path, errors="replace").read():
                 cited.append(os.path.relpath(path, REPO_ROOT))
     assert not cited, cited
+
+
+def readme_extras(text: str) -> list[str]:
+    """The folders README's code map names as extras: the backticked ones of its "extras a fork may delete" item,
+    up to '; and' (tests/ and notebooks/ are no code a run could import)."""
+    item = text.split("- extras a fork may delete", 1)[1].split("; and", 1)[0]
+    return [name.rstrip("/") for name in re.findall(r"`([\w/]+/)`", item)]
+
+
+def test_readme_names_exactly_the_extras_of_the_one_list():
+    text = open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8").read()
+    assert readme_extras(text) == list(extras.FOLDERS)
+    # Negative control: a README that forgets one is caught.
+    assert readme_extras(text.replace("`bench/`; and", "and")) != list(extras.FOLDERS)

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from common.errors import ConfigError
-from scripts.local_cluster import free_loopback_ports
+from common.loopback import free_loopback_ports
 from tests.helpers import REPO_ROOT, run_train_py
 from tpu_utils.tpu import initialize as tpu_init
 

@@ -214,15 +214,6 @@ def test_train_py_sets_the_environment_before_tensorflow_loads(accelerator_type,
     assert f"TPU start-up: {SLICES[accelerator_type][0]} ({accelerator_type})" in result.stdout
 
 
-def test_the_command_line_prints_the_decision_as_exports(fake_libtpu):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([fake_libtpu, REPO_ROOT])}
-    result = subprocess.run([sys.executable, "-m", "tpu_utils.tpu.startup", "--accelerator_type=v5p-8"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0] == "export NEXT_PLUGGABLE_DEVICE_USE_C_API=true"
-    assert "v5p (v5p-8), 4 chip(s), 4 replica(s), single host, PJRT" in result.stderr
-
-
 def test_gathering_reads_no_tensorflow_and_finds_no_tpu_here():
     assert tpu_facts.find_libtpu() == (None, None)  # This CPU machine: no libtpu installed.
     assert not gather_facts({}).has_tpu

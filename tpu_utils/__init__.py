@@ -2,10 +2,9 @@
 
 Generic (every strategy): `strategy.py` picks and builds the tf.distribute strategy (the one place that touches
 resolvers and TF_CONFIG), `tf_config.py` validates TF_CONFIG, `loop.py` is the on-device `tf.range` loop and its
-collectives, `deadline.py` bounds a start-up that never answers, `local_cluster.py` runs several workers on this
-machine (scripts/launch_local.py).
+collectives, `deadline.py` bounds a start-up that never answers.
 
 TPU-only (`tpu/`): the runtime facts and start-up decision made before TensorFlow loads (`facts.py`,
-`generations.py`, `startup.py`), resolver connect and TPU system initialisation (`initialize.py`), the config for a
-slice (`configs.py`), and the Cloud TPU VM launcher's gcloud and remote-job helpers (`gcloud.py`, `remote_job.py`).
+`generations.py`, `startup.py`) and resolver connect and TPU system initialisation (`initialize.py`). Launchers live
+in scripts/ (an extra).
 """

@@ -24,7 +24,7 @@ import time
 import urllib.parse
 import uuid
 
-from scripts.local_cluster import free_loopback_ports
+from common.loopback import free_loopback_ports
 
 # Read once by TensorFlow at import: two quick retries, no stat cache (else one failing request retries ~195 s).
 EARLY_ENVIRONMENT = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",

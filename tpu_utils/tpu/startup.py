@@ -10,16 +10,12 @@ the accelerator type it creates):
 - a pod slice (several hosts), on worker 0: `TPU_LOAD_LIBRARY=0`, so the chips stay with every host's TPU server.
 Variables already in the environment win (they are the user's explicit choice) and the log says so.
 `TPU_RUNTIME=pjrt|classic` overrides the decision, `TPU_RUNTIME=off` turns it off (a CPU run on a TPU host).
-
-  python -m tpu_utils.tpu.startup                 # what start-up decides on this host, as `export` lines
-  python -m tpu_utils.tpu.startup --accelerator_type=v6e-8
+What it decides for a host, as `export` lines: `python -m scripts.tpu_startup` (an extra).
 """
 
-import argparse
 import dataclasses
 import logging
 import os
-import shlex
 import sys
 
 from tpu_utils.tpu.facts import RUNTIME_CHOICES, RuntimeFacts, gather_facts
@@ -127,21 +123,3 @@ def prepare_tpu_environment(environ=os.environ, facts: RuntimeFacts | None = Non
                     "effect. Call tpu_utils.tpu.startup.prepare_tpu_environment() before anything imports "
                     "TensorFlow (Colab: Runtime > Restart session, then run the cells in order).")
     return decision
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--accelerator_type", help="decide for this accelerator type instead of this host's")
-    args = parser.parse_args(argv)
-    environ = dict(os.environ)
-    if args.accelerator_type:
-        environ["TPU_ACCELERATOR_TYPE"] = args.accelerator_type
-    decision = decide(gather_facts(environ))
-    print(decision.summary(), file=sys.stderr)
-    for key, value in decision.env.items():
-        print(f"export {key}={shlex.quote(value)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
