@@ -30,7 +30,7 @@ class ServedRun:
     params: list
     trainer: object  # The training-time Trainer: its model is what every export must reproduce.
     model_dir: str
-    export_logs: list  # The messages training/run_directory/export.py logged.
+    export_logs: list  # The messages training/run_directory/export.py and serving/tflite.py logged.
 
     @property
     def export_dir(self) -> str:
@@ -73,15 +73,17 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
     params = [*SHRUNK, *extra, f"DATA_DIR='{data_dir}'"]
     config_files.parse([gin_file], params, search_path=REPO_ROOT)
     collect = _Collect()
-    logger = logging.getLogger("training.run_directory.export")
-    logger.addHandler(collect)
+    loggers = [logging.getLogger("training.run_directory.export"), logging.getLogger("serving.tflite")]
+    for logger in loggers:
+        logger.addHandler(collect)
     try:
         trainer = Trainer(experiment.experiment(), make_strategy("default"))
         controller = Controller(trainer, RunDirectory(model_dir))
         controller.restore()
         controller.train_and_evaluate()
     finally:
-        logger.removeHandler(collect)
+        for logger in loggers:
+            logger.removeHandler(collect)
         gin.clear_config()
     return ServedRun(name, gin_file, params, trainer, model_dir, collect.messages)
 
