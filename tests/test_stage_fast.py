@@ -64,6 +64,8 @@ def _stage_cases(root) -> dict:
         "id column typo": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0.2", "--id_column=idd"],
                            "--id_column: 'idd' is not a column"),
         "id column of an npz": ([*base, f"--from_npz={root}/one.csv", "--id_column=id"], "names columns of --from_csv"),
+        "id column of a text CSV": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0.2", "--text=a",
+                                     "--id_column=a"], "with --text=a the other columns are left out already"),
     }
 
 

@@ -95,6 +95,10 @@ def test_the_modes_give_different_pixels_and_an_image_of_the_size_is_unchanged(f
         assert (resized[first] != resized[second]).any(), (first, second)
     for mode, image in resized.items():
         np.testing.assert_array_equal(resize_image(image, SIZE, mode).numpy(), image)
+    # resize_image resizes float32 pixels and clips with maximum/minimum (so LiteRT converts it): the same pixels as
+    # the uint8 resize and saturate_cast that staged datasets before it.
+    before = tf.saturate_cast(tf.round(tf.image.resize(source, SIZE, method="bilinear")), tf.uint8).numpy()
+    np.testing.assert_array_equal(resized["stretch"], before)
 
 
 def test_mixed_sizes_or_modes_without_the_flags_are_exit_2_naming_them(folders, tmp_path, capsys):

@@ -85,8 +85,9 @@ def _split_columns(split: str, path: str, rows: list[list[str]], label: str, fea
             name, cell = next((header[position], row[position]) for position in positions
                               if not _is_number(row[position]))
             raise ConfigError(f"{path}, line {number}: column {name!r} holds {cell!r}, not a number. Feature "
-                              "columns must be numbers: drop that column (--drop_columns=NAME) or encode it (or fix "
-                              f"the value), or, if it is the text to classify, pass --text={name}.") from None
+                              f"columns must be numbers: drop or encode that column (--drop_columns={name} drops "
+                              f"it; or fix the value), or, if it is the text to classify, pass --text={name}.") \
+                from None
     if is_text:
         return np.asarray(values, dtype=object), _label_array(labels)
     columns = (np.asarray(values, np.float32).reshape(len(values), len(features)), _label_array(labels))
