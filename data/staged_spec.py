@@ -6,7 +6,8 @@ The task follows from the features (one input, one target; the dataset's supervi
   standardised with mean 0.5, std 0.5 (to [-1, 1]), since the metadata holds no pixel statistics; images resized
   at staging (--image_size) are served at any size, resized the same way in the export's graph (serving_resize);
 - a float vector (Tensor [D]) + a ClassLabel -> TabularClassification; + a float scalar -> TabularRegression
-  (both standardise with the train split's statistics, computed when the run starts);
+  (both standardise with the train split's statistics, computed when the run starts; a CSV's column names and id
+  column, recorded in the features' documentation, go to the export's metadata for `python -m tools.predict`);
 - a Text + a ClassLabel -> TextClassification: tokenised in the graph to 32 token ids, with a vocabulary of up to 998
   words counted on the train split when the run starts (tasks/text_classification.py); the export serves raw strings.
 Splits: 'train', and 'test' (else 'validation') for evaluation. For anything else (augmentation, other statistics,
@@ -67,10 +68,10 @@ def infer_task(info, dataset: str):
         if isinstance(target, tfds.features.ClassLabel):
             return TabularClassification(num_features=image.shape[0], num_classes=target.num_classes,
                                          features_key=input_key, label_key=target_key,
-                                         feature_names=staged_feature_names(image))
+                                         feature_names=staged_feature_names(image), id_column=staged_id_column(image))
         if _is_target(target):
             return TabularRegression(num_features=image.shape[0], features_key=input_key, label_key=target_key,
-                                     feature_names=staged_feature_names(image))
+                                     feature_names=staged_feature_names(image), id_column=staged_id_column(image))
     raise ConfigError(f"DATASET={dataset!r}: no task fits the input {input_key!r} ({image}) and target "
                       f"{target_key!r} ({target}); register a DatasetSpec with a task in data/registry.py.")
 
@@ -103,38 +104,43 @@ def registry_lines(dataset: str, spec) -> str:
             f"        task={type(task).__name__}({settings})),")
 
 
-def _documentation(prefix: str, value):
-    """A tfds Documentation whose description is `prefix` followed by `value` as JSON."""
+def _documentation(*records: tuple[str, object]):
+    """A tfds Documentation whose description has a line per (prefix, value): the prefix followed by the value as
+    JSON."""
     import json
 
     import tensorflow_datasets as tfds
 
-    return tfds.features.Documentation(desc=prefix + json.dumps(value))
+    return tfds.features.Documentation(desc="\n".join(prefix + json.dumps(value) for prefix, value in records))
 
 
 def _recorded(feature, prefix: str):
-    """The JSON value `_documentation(prefix, ...)` recorded in `feature`'s documentation; None when the feature has
-    no such record or it does not parse."""
+    """The JSON value that `_documentation` recorded after `prefix` in `feature`'s documentation; None when the
+    feature has no such record or it does not parse."""
     import json
 
     description = getattr(getattr(feature, "doc", None), "desc", "") or ""
-    if not description.startswith(prefix):
+    line = next((line for line in description.splitlines() if line.startswith(prefix)), None)
+    if line is None:
         return None
     try:
-        return json.loads(description[len(prefix):])
+        return json.loads(line[len(prefix):])
     except ValueError:
         return None
 
 
 # How `python -m data.stage` keeps a CSV's column names in the TFDS metadata: the 'features' Tensor's documentation
 # (features.json, "description"), read back into the tabular task's feature_names, so the export's serving metadata
-# and `python -m tools.predict` read a CSV by the header it was staged from.
+# and `python -m tools.predict` read a CSV by the header it was staged from; and its --id_column, left out of the
+# features, by which `python -m tools.predict` keys each prediction.
 _FEATURE_NAMES_PREFIX = "Feature columns, in order: "
+_ID_COLUMN_PREFIX = "Id column (not a feature): "
 
 
-def feature_names_doc(names: list[str]):
-    """The tfds Documentation that records `names`."""
-    return _documentation(_FEATURE_NAMES_PREFIX, list(names))
+def feature_names_doc(names: list[str], id_column: str | None = None):
+    """The tfds Documentation that records `names` and, when given, `id_column`."""
+    records = [(_FEATURE_NAMES_PREFIX, list(names))]
+    return _documentation(*records, *([(_ID_COLUMN_PREFIX, id_column)] if id_column is not None else []))
 
 
 def staged_feature_names(feature) -> tuple[str, ...] | None:
@@ -146,6 +152,12 @@ def staged_feature_names(feature) -> tuple[str, ...] | None:
     return tuple(names) if valid else None
 
 
+def staged_id_column(feature) -> str | None:
+    """The id column recorded in `feature`'s documentation (data.stage --id_column), or None."""
+    recorded = _recorded(feature, _ID_COLUMN_PREFIX)
+    return recorded if isinstance(recorded, str) else None
+
+
 # How `python -m data.stage --image_size=H,W --resize=MODE` keeps the resize in the TFDS metadata: the 'image'
 # feature's documentation, read back into the image task's serving_resize, so the export resizes a client's images
 # exactly as staging did (tasks/image_resize.py).
@@ -154,7 +166,7 @@ _IMAGE_RESIZE_PREFIX = "Resized at staging (height, width, mode): "
 
 def image_resize_doc(height: int, width: int, mode: str):
     """The tfds Documentation that records a resize to `height` x `width` by `mode`."""
-    return _documentation(_IMAGE_RESIZE_PREFIX, [int(height), int(width), mode])
+    return _documentation((_IMAGE_RESIZE_PREFIX, [int(height), int(width), mode]))
 
 
 def staged_image_resize(feature) -> tuple[int, int, str] | None:

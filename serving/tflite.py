@@ -1,11 +1,14 @@
 """LiteRT (TensorFlow Lite): `model.tflite` beside the SavedModel, converted from the same serving function.
 
 It has the SavedModel's inputs and its numeric outputs only (logits, probabilities, classes; predictions): a string
-output (class names, a `tf.gather` on a string constant) converts but fails when the interpreter runs it, so class
-names are in assets.extra/serving_metadata.json (`class_names`, indexed by `classes`). Only TFLite's builtin ops are
-allowed, so the file runs in any LiteRT interpreter without the Flex (TensorFlow ops) delegate. A graph that needs
-other ops (the text task's tokenizer: string ops, and `tf.searchsorted`, which is not even a Flex op) does not
-convert: the export says so in one line and is complete without model.tflite.
+output (class names, a `tf.gather` on a string constant) converts but fails when the interpreter runs it, so a
+classifier's class names are written beside it as `labels.txt`, one per line in class-id order (line i names class
+i, as TFLite's metadata conventions for labels have it), and are in assets.extra/serving_metadata.json. Only TFLite's
+builtin ops are allowed, so the file runs in any LiteRT interpreter without the Flex (TensorFlow ops) delegate. A
+graph that needs other ops (the text task's tokenizer: string ops, and `tf.searchsorted`, which is not even a Flex
+op) does not convert: the export says so in one line and is complete without model.tflite.
+An export that takes images of any size converts as it is (height and width of any size per call), or, with
+`experiment.export_tflite_image_size=(H, W)`, at that one input size, which accelerator delegates need.
 """
 
 import contextlib
@@ -16,9 +19,69 @@ import sys
 
 import tensorflow as tf
 
+from common.storage_paths import join
+
 log = logging.getLogger(__name__)
 
 FILE_NAME = "model.tflite"
+LABELS_FILE_NAME = "labels.txt"
+
+
+def check_image_size(value, example: str):
+    """experiment.export_tflite_image_size: None or (height, width), whole numbers >= 1, as a tuple; a ConfigError
+    ending with `example` (how to set it) otherwise."""
+    from common.errors import ConfigError
+
+    if value is None:
+        return None
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and
+            all(isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in value)):
+        raise ConfigError(f"experiment.export_tflite_image_size={value!r} must be None or (height, width), two whole "
+                          f"numbers >= 1: the input size of model.tflite for an export that takes images of any "
+                          f"size; e.g. {example}.")
+    return tuple(value)
+
+
+def signature_at(signature: dict, image_size: tuple[int, int] | None) -> dict:
+    """`signature` with its any-size image inputs ([batch, None, None, C]) fixed to `image_size` (H, W); unchanged
+    when it is None or the inputs have a size already (then it does not apply, and a log line says so)."""
+    if image_size is None:
+        return signature
+    fixed = {}
+    for name, spec in signature.items():
+        shape = spec.shape.as_list()
+        resizable = len(shape) == 4 and shape[1] is None and shape[2] is None
+        fixed[name] = tf.TensorSpec([shape[0], *image_size, shape[3]], spec.dtype, name=spec.name) if resizable else \
+            spec
+    if fixed == signature:
+        log.warning("experiment.export_tflite_image_size=%s applies to exports that take images of any size; this "
+                    "one takes %s: model.tflite keeps them.", image_size,
+                    {name: spec.shape.as_list() for name, spec in signature.items()})
+    return fixed
+
+
+def write(folder: str, serve, signature: dict, outputs: dict, variables: list, *,
+          image_size: tuple[int, int] | None = None, class_names: list[str] | None = None) -> dict:
+    """Writes folder/model.tflite (at `image_size`, see signature_at) and, for a classifier, folder/labels.txt if the
+    serving graph converts; returns what the export's metadata says of them (serving/metadata.py)."""
+    signature = signature_at(signature, image_size)
+    try:
+        content = convert(serve, signature, variables)
+    except NotConvertible as error:
+        log.warning("%s not written: %s in this task's serving graph; the SavedModel export is complete "
+                    "(docs/serving.md, LiteRT).", FILE_NAME, error)
+        return {"file": None, "reason": str(error)}
+    with tf.io.gfile.GFile(join(folder, FILE_NAME), "wb") as handle:
+        handle.write(content)
+    described = {"file": FILE_NAME, "outputs": sorted(name for name, spec in outputs.items()
+                                                      if spec.dtype != tf.string),
+                 "inputs": {name: [None if size is None else int(size) for size in spec.shape]
+                            for name, spec in signature.items()}}
+    if class_names:
+        with tf.io.gfile.GFile(join(folder, LABELS_FILE_NAME), "w") as handle:
+            handle.write("".join(f"{name}\n" for name in class_names))
+        described["labels"] = LABELS_FILE_NAME
+    return described
 
 
 class NotConvertible(Exception):

@@ -103,7 +103,14 @@ class ImageClassification(ClassificationTask):
         if self.serving_resize:  # The staging's resize, to the uint8 pixels it stored (an H x W image is unchanged).
             height, width, mode = self.serving_resize
             images = resize_image(images, (height, width), mode)
-        return classification_outputs(model(self.preprocess(images), training=False), self.class_names)
+        # An empty request gets an empty answer: TensorFlow's oneDNN Conv2D returns its input's shape for an empty
+        # batch (then "Incompatible shapes: [64] vs. [0,4,4,32]" in the next layer), so the model runs on one zero
+        # image appended to an empty batch (none to a non-empty one: the same result) and answers the real count.
+        count = tf.shape(images)[0]
+        inputs = self.preprocess(images)
+        padded = tf.pad(inputs, [[0, tf.maximum(1 - count, 0)]] + [[0, 0]] * (len(inputs.shape) - 1))
+        inputs = tf.reshape(padded, [-1, *inputs.shape[1:]])  # The image shape, which tf.pad loses (LiteRT needs it).
+        return classification_outputs(model(inputs, training=False)[:count], self.class_names)
 
     def serving_example(self, example, features):
         image = example[self.image_key]

@@ -27,7 +27,10 @@ def resize_image(image, size: tuple[int, int], mode: str = DEFAULT_MODE):
     if mode not in MODES:
         raise ValueError(f"resize mode {mode!r} is not one of {MODES}")
     height, width = int(size[0]), int(size[1])
-    image = tf.convert_to_tensor(image)
+    # Resized as float32 (the resize kernels compute in float32 from uint8 too: the same pixels) and clipped with
+    # maximum and minimum rather than saturate_cast's ClipByValue: LiteRT's builtin ops take these (its
+    # RESIZE_BILINEAR has no uint8-in, float-out form), so an export that resizes also converts to model.tflite.
+    image = tf.cast(tf.convert_to_tensor(image), tf.float32)
     if mode == "stretch":
         resized = tf.image.resize(image, (height, width), method="bilinear")
     elif mode == "pad":
@@ -41,7 +44,7 @@ def resize_image(image, size: tuple[int, int], mode: str = DEFAULT_MODE):
         top, left = (source_height - crop_height) // 2, (source_width - crop_width) // 2
         window = image[..., top:top + crop_height, left:left + crop_width, :]
         resized = tf.image.resize(window, (height, width), method="bilinear")
-    return tf.saturate_cast(tf.round(resized), tf.uint8)
+    return tf.cast(tf.minimum(tf.maximum(tf.round(resized), 0.0), 255.0), tf.uint8)
 
 
 def convert_channels(image, channels: int):

@@ -24,6 +24,9 @@ class _Tabular(Task):
     # The names of the vector's columns, in order: the export's metadata lists them, and `python -m tools.predict`
     # reads a CSV's columns by them. None: feature_0, feature_1, ...
     feature_names: tuple[str, ...] | None = None
+    # A column of the user's CSV that is not a feature but names its row (data.stage --id_column): the export's
+    # metadata names it, and `python -m tools.predict` keys each prediction by it. None: no id column.
+    id_column: str | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -65,11 +68,27 @@ class _Tabular(Task):
     def serving_signature(self):
         return {"features": tf.TensorSpec([None, self.num_features], tf.float32, name="features")}
 
+    def finite_features(self, features: tf.Tensor) -> tf.Tensor:
+        """The served `features`, after an assertion that every value is finite: a NaN would be answered (every NaN
+        row gets the same class) and an infinity gives NaN probabilities, so the request fails instead with an
+        InvalidArgumentError that names the example (its row in the batch) and the feature (its column name)."""
+        bad = tf.logical_not(tf.math.is_finite(features))
+        # The first bad value, in row-major order (a sentinel after the last keeps an all-finite or empty batch valid).
+        first = tf.argmax(tf.concat([tf.reshape(bad, [-1]), [True]], axis=0), output_type=tf.int32)
+        column = tf.minimum(first % self.num_features, self.num_features - 1)
+        value = tf.concat([tf.reshape(features, [-1]), [0.0]], axis=0)[first]
+        check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
+            "features: example", first // self.num_features, "(row of the batch), feature",
+            tf.gather(tf.constant(list(self.column_names)), column), "is", value,
+            ": NaN and infinite values cannot be answered; fill the value in or drop the example."])
+        with tf.control_dependencies([check]):
+            return tf.identity(features)
+
     def serving_example(self, example, features):
         return {"features": tf.cast(example[self.features_key], tf.float32)}
 
     def serving_metadata(self):
-        return {**super().serving_metadata(), "feature_names": list(self.column_names)}
+        return {**super().serving_metadata(), "feature_names": list(self.column_names), "id_column": self.id_column}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +115,8 @@ class TabularClassification(_Tabular, ClassificationTask):
         return vectors, examples[self.label_key]
 
     def serve(self, model, inputs):
-        return classification_outputs(model(self.preprocess(inputs["features"]), training=False), self.class_names)
+        features = self.preprocess(self.finite_features(inputs["features"]))
+        return classification_outputs(model(features, training=False), self.class_names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,4 +137,5 @@ class TabularRegression(_Tabular, RegressionTask):
         return vectors, tf.cast(examples[self.label_key], tf.float32)
 
     def serve(self, model, inputs):
-        return {"predictions": tf.cast(model(self.preprocess(inputs["features"]), training=False)[:, 0], tf.float32)}
+        features = self.preprocess(self.finite_features(inputs["features"]))
+        return {"predictions": tf.cast(model(features, training=False)[:, 0], tf.float32)}

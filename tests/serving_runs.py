@@ -4,12 +4,16 @@ tests/test_predict.py (one per task per session: the `served` fixture in conftes
 import dataclasses
 import logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from helpers import REPO_ROOT
+
+SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
 # Each shipped task's config, shrunk to 20 steps; the tabular classifier also keeps export/best/.
 CONFIGS = {
@@ -30,7 +34,7 @@ class ServedRun:
     params: list
     trainer: object  # The training-time Trainer: its model is what every export must reproduce.
     model_dir: str
-    export_logs: list  # The messages training/run_directory/export.py logged.
+    export_logs: list  # The messages training/run_directory/export.py and serving/tflite.py logged.
 
     @property
     def export_dir(self) -> str:
@@ -74,15 +78,17 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
     params = [*SHRUNK, *extra, f"DATA_DIR='{data_dir}'"]
     config_files.parse([gin_file], params, search_path=REPO_ROOT)
     collect = _Collect()
-    logger = logging.getLogger("training.run_directory.export")
-    logger.addHandler(collect)
+    loggers = [logging.getLogger("training.run_directory.export"), logging.getLogger("serving.tflite")]
+    for logger in loggers:
+        logger.addHandler(collect)
     try:
         trainer = Trainer(experiment.experiment(), make_strategy("default"))
         controller = Controller(trainer, RunRecord(trainer, RunDirectory(model_dir)))
         controller.record.restore()
         controller.train_and_evaluate()
     finally:
-        logger.removeHandler(collect)
+        for logger in loggers:
+            logger.removeHandler(collect)
         gin.clear_config()
     return ServedRun(name, gin_file, params, trainer, model_dir, collect.messages)
 
@@ -104,3 +110,24 @@ def assert_same_outputs(got: dict, expected: dict, tolerance: float = 1e-5) -> N
             assert relative_difference(other, value) <= tolerance, (name, relative_difference(other, value))
         else:
             np.testing.assert_array_equal(other, value, err_msg=name)
+
+
+def saved_model_cli_run(export_dir: str, inputs: dict, tmp_path) -> subprocess.CompletedProcess:
+    """`saved_model_cli run` on `export_dir` with each input from a .npy file (strings: an array of bytes objects);
+    the outputs land in tmp_path/out/<name>.npy."""
+    flags = []
+    for name, value in inputs.items():
+        np.save(tmp_path / f"{name}.npy", value, allow_pickle=True)
+        flags.append(f"{name}={tmp_path / f'{name}.npy'}")
+    return subprocess.run([SAVED_MODEL_CLI, "run", "--dir", export_dir, "--tag_set", "serve", "--signature_def",
+                           "serving_default", "--inputs", ";".join(flags), "--outdir", str(tmp_path / "out"),
+                           "--overwrite"], capture_output=True, text=True, timeout=180)
+
+
+def cli_outputs(tmp_path, names) -> dict:
+    return {name: np.load(tmp_path / "out" / f"{name}.npy", allow_pickle=True) for name in names}
+
+
+def loaded_outputs(export_dir: str, inputs: dict) -> dict:
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    return {name: value.numpy() for name, value in serve(**{k: tf.constant(v) for k, v in inputs.items()}).items()}

@@ -144,7 +144,19 @@ def _bad_inputs(served, folder) -> dict:
     (folder / "garbage.png").write_bytes(b"\x89PNG not really")
     _write_png(folder / "big.png", np.zeros([10, 10, 1], np.uint8))
     (folder / "request.json").write_text(json.dumps({"instances": [{"texts": "a"}]}))
+    row = tabular.eval_inputs(1)["features"][0]
+    (folder / "nan.csv").write_text(",".join(names) + "\n" + ",".join(map(repr, row.tolist())) + "\n" +
+                                    ",".join(["1", "nan"] + ["1"] * 28) + "\n")
+    (folder / "inf.csv").write_text(",".join(["1"] * 29 + ["-inf"]) + "\n")
+    infinite = np.ones([2, 30], np.float32)
+    infinite[1, 4] = np.inf
+    np.save(folder / "inf.npy", infinite)
+    (folder / "nan.json").write_text('{"instances": [{"features": [' + ", ".join(["1"] * 29 + ["NaN"]) + "]}]}")
     return {
+        "CSV with a NaN": (tabular, "nan.csv", "line 3, column 'mean texture': 'nan' is not a finite number", False),
+        "CSV with an infinity": (tabular, "inf.csv", f"line 1, column {names[29]!r}: '-inf' is not a finite", False),
+        "npy with an infinity": (tabular, "inf.npy", f"'features' row 1, column {names[4]!r} is inf", False),
+        "request with a NaN": (tabular, "nan.json", f"'features' row 0, column {names[29]!r} is nan", False),
         "npy of the wrong shape": (image, "nine.npy", "must have shape (8, 8, 1); got (9, 9, 1)", False),
         "npy of fractional pixels": (image, "pixels.npy", "whole numbers from 0 to 255", False),
         "CSV without a feature column": (tabular, "missing.csv", "lacks the feature column(s) ['mean radius']", False),

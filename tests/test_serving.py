@@ -5,7 +5,8 @@ export/<step>/ (and the tabular run's export/best/) served by the graph-mode loa
 inputs (<= 1e-5; class ids and names equal). Its TF Serving warmup file parses and each request runs through the
 signature; the Vertex AI request examples of docs/serving.md and the export's example_request.json run through the
 signature converted as TF Serving's REST API converts them; model.tflite (image, tabular, regression) matches the
-SavedModel in TensorFlow Lite's interpreter, and the text task says in one line why it has none.
+SavedModel in LiteRT's interpreter, labels.txt names its classes, and the text task says in one line why it has
+none. What an export refuses (non-finite features) and its empty-batch answer: tests/test_serving_inputs.py.
 Negative control: the export as it was written before (a tf.Module holding the Keras model, tf.saved_model.save)
 fails in saved_model_cli.
 No TF Serving binary or Docker engine exists here: the graph-mode loader is what is tested of them.
@@ -14,42 +15,24 @@ No TF Serving binary or Docker engine exists here: the graph-mode loader is what
 import json
 import os
 import re
-import subprocess
-import sys
-import warnings
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import REPO_ROOT, run_train_py
+from helpers import REPO_ROOT, litert_runner, run_train_py
 from serving import metadata, requests, warmup
-from serving_runs import STEPS, assert_same_outputs, relative_difference
+from serving_runs import (
+    STEPS,
+    assert_same_outputs,
+    cli_outputs,
+    loaded_outputs,
+    relative_difference,
+    saved_model_cli_run,
+)
 
-SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 TASKS = ("image", "tabular", "regression", "text")
-
-
-def saved_model_cli_run(export_dir: str, inputs: dict, tmp_path) -> subprocess.CompletedProcess:
-    """`saved_model_cli run` on `export_dir` with each input from a .npy file (strings: an array of bytes objects);
-    the outputs land in tmp_path/out/<name>.npy."""
-    flags = []
-    for name, value in inputs.items():
-        np.save(tmp_path / f"{name}.npy", value, allow_pickle=True)
-        flags.append(f"{name}={tmp_path / f'{name}.npy'}")
-    return subprocess.run([SAVED_MODEL_CLI, "run", "--dir", export_dir, "--tag_set", "serve", "--signature_def",
-                           "serving_default", "--inputs", ";".join(flags), "--outdir", str(tmp_path / "out"),
-                           "--overwrite"], capture_output=True, text=True, timeout=180)
-
-
-def cli_outputs(tmp_path, names) -> dict:
-    return {name: np.load(tmp_path / "out" / f"{name}.npy", allow_pickle=True) for name in names}
-
-
-def loaded_outputs(export_dir: str, inputs: dict) -> dict:
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    return {name: value.numpy() for name, value in serve(**{k: tf.constant(v) for k, v in inputs.items()}).items()}
 
 
 @pytest.mark.parametrize("name", [*TASKS, "tabular-best"])
@@ -186,16 +169,16 @@ def test_the_tflite_model_matches_the_saved_model(name, served):
     assert described["tflite"]["file"] == "model.tflite"
     inputs = run.eval_inputs(16)
     expected = loaded_outputs(run.export_dir, inputs)
-    with warnings.catch_warnings():  # tf.lite.Interpreter's notice that LiteRT's package replaces it.
-        warnings.simplefilter("ignore")
-        interpreter = tf.lite.Interpreter(model_path=os.path.join(run.export_dir, "model.tflite"))
-    outputs = interpreter.get_signature_runner("serving_default")(**inputs)
+    outputs = litert_runner(os.path.join(run.export_dir, "model.tflite"))(**inputs)
     assert sorted(outputs) == described["tflite"]["outputs"] == sorted(key for key in expected
                                                                        if key != "class_names")
     assert_same_outputs(outputs, {key: expected[key] for key in outputs})
-    if "class_names" in expected:  # The metadata's class names, indexed by the model's classes.
-        names = [described["class_names"][index] for index in outputs["classes"]]
-        assert names == [name.decode() for name in expected["class_names"]]
+    if "class_names" in expected:  # labels.txt beside model.tflite: line i names class i, as the metadata does.
+        labels = open(os.path.join(run.export_dir, described["tflite"]["labels"])).read().splitlines()
+        assert labels == described["class_names"] == list(run.trainer.task.class_names)
+        assert [labels[index] for index in outputs["classes"]] == [name.decode() for name in expected["class_names"]]
+    else:
+        assert "labels" not in described["tflite"] and not os.path.exists(os.path.join(run.export_dir, "labels.txt"))
 
 
 def test_the_text_export_says_why_it_has_no_tflite_model(served):
@@ -290,3 +273,4 @@ def test_feature_names_must_name_every_feature():
     assert TabularClassification(num_features=2).column_names == ("feature_0", "feature_1")
     with pytest.raises(ValueError, match="has 1 feature_names for num_features=2"):
         TabularClassification(num_features=2, feature_names=("a",)).bind(None)
+

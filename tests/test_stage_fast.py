@@ -57,12 +57,22 @@ def _stage_cases(root) -> dict:
                                        "--from_image_folder has its own labels"),
         "seed without a fraction": ([*base, f"--from_csv=train={root}/one.csv,test={root}/one.csv", "--seed=3"],
                                     "--seed=3 seeds the split"),
+        "CSV label typo": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0.2", "--label=lable"],
+                           "--label='lable' is not a column of"),
+        "CSV column named twice": ([*base, f"--from_csv={root}/repeated.csv", "--test_fraction=0.2"],
+                                   "names the column(s) ['a'] more than once"),
+        "id column typo": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0.2", "--id_column=idd"],
+                           "--id_column: 'idd' is not a column"),
+        "id column of an npz": ([*base, f"--from_npz={root}/one.csv", "--id_column=id"], "names columns of --from_csv"),
+        "id column of a text CSV": ([*base, f"--from_csv={root}/one.csv", "--test_fraction=0.2", "--text=a",
+                                     "--id_column=a"], "with --text=a the other columns are left out already"),
     }
 
 
 @pytest.mark.parametrize("case", sorted(_stage_cases("ROOT")))
 def test_a_bad_data_stage_flag_exits_2_in_one_line_before_tensorflow_loads(tmp_path, case):
     open(tmp_path / "one.csv", "w").write("a,label\n1,0\n")
+    open(tmp_path / "repeated.csv", "w").write("a,b,a,label\n1,2,3,0\n")
     arguments, word = _stage_cases(tmp_path)[case]
     result, seconds = _timed("-m", "data.stage", *arguments)
     assert result.returncode == 2, (case, result.stderr[-2000:])
@@ -138,13 +148,14 @@ def test_config_files_check_the_files_before_importing_tensorflow(tmp_path):
 
 def test_the_printed_command_passes_a_batch_that_fits_a_small_train_split():
     """mnist_cnn.gin's GLOBAL_BATCH_SIZE=128 (read through its includes) is refused by training on a 24-example train
-    split: the printed command then passes the largest power of two that fits; a large split gets nothing added."""
+    split: the printed command then passes the largest power of two that fits; a large split gets no batch added
+    (the run's length: tests/test_stage_columns.py)."""
     from data.stage import cli
 
-    assert cli._config_batch_size(os.path.join(REPO_ROOT, "configs/experiments/mnist_cnn.gin")) == 128
-    assert cli._config_batch_size(os.path.join(REPO_ROOT, "configs/default.gin")) == 64
-    assert cli._batch_that_fits("configs/experiments/mnist_cnn.gin", 24) == " --gin_param=GLOBAL_BATCH_SIZE=16"
-    assert cli._batch_that_fits("configs/experiments/mnist_cnn.gin", 128) == ""
+    assert cli._config_setting(os.path.join(REPO_ROOT, "configs/experiments/mnist_cnn.gin"), "GLOBAL_BATCH_SIZE") == 128
+    assert cli._config_setting(os.path.join(REPO_ROOT, "configs/default.gin"), "GLOBAL_BATCH_SIZE") == 64
+    assert " --gin_param=GLOBAL_BATCH_SIZE=16 " in cli._sized_run("configs/experiments/mnist_cnn.gin", 24)
+    assert "GLOBAL_BATCH_SIZE" not in cli._sized_run("configs/experiments/mnist_cnn.gin", 128)
 
 
 def test_predict_refuses_an_output_folder_that_does_not_exist_before_predicting(tmp_path, capsys):

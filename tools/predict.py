@@ -4,10 +4,11 @@
 DIR is a local export/<step>/ (or export/best/) of a run. What --input may be follows from the export's
 assets.extra/serving_metadata.json (tools/prediction_inputs.py): images (a file or a folder), a CSV of feature rows, a
 text file of lines, a .npy batch or a Vertex AI request .json. Without --output the predictions are printed as CSV: one
-row per example with its label (file, line or text), every per-example output (class names, class ids; predictions) and,
-for classifiers, the probability of the predicted class. A .jsonl output holds every output, probabilities and logits
-included. Bad flags or input exit 2 with one `error:` line; the flags, the export and the input files (all but
-images) are checked before TensorFlow is imported.
+row per example with its key (file, line or text; for data staged with --id_column, the row's id, in a column named
+as in the CSV), every per-example output (class names, class ids; predictions) and, for classifiers, the probability
+of the predicted class. A .jsonl output holds every output, probabilities and logits included. Bad flags or input
+(NaN or infinite features among them) exit 2 with one `error:` line; the flags, the export and the input files (all
+but images) are checked before TensorFlow is imported.
 """
 
 import argparse
@@ -48,12 +49,12 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--output={args.output}: the folder {os.path.dirname(os.path.abspath(args.output))} "
                               "does not exist; create it or pass a path in a folder that exists.")
         described = _read_metadata(args.export)
-        labels, batch = inputs.read(args.input, described)
+        key, labels, batch = inputs.read(args.input, described)
         outputs = predict(args.export, batch)
     except ConfigError as error:
         print(f"error: {user_message(error)}", file=sys.stderr, flush=True)
         return error.exit_code
-    records = [{"input": label, **{name: _plain(values[index]) for name, values in outputs.items()}}
+    records = [{key: label, **{name: _plain(values[index]) for name, values in outputs.items()}}
                for index, label in enumerate(labels)]
     if args.output is None:
         sys.stdout.write(_csv_text(records))
@@ -124,9 +125,10 @@ def _plain(value):
 
 
 def _csv_text(records: list[dict]) -> str:
-    """One row per record: the input, every per-example scalar, and `probability` of the predicted class."""
-    names = ["input"] + sorted(name for name, value in records[0].items() if name != "input"
-                               and not isinstance(value, list))
+    """One row per record: its key (the input, or its id), every per-example scalar, and `probability` of the
+    predicted class."""
+    key = next(iter(records[0]))
+    names = [key] + sorted(name for name, value in records[0].items() if name != key and not isinstance(value, list))
     with_probability = "classes" in records[0] and "probabilities" in records[0]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")

@@ -5,7 +5,9 @@ What is read depends on the signature's one input:
   for an export that resizes (staged with --image_size: [batch, any, any, C]) of any size, converted to C channels
   (tasks/image_resize.py) and returned as a list (one array per image: the signature takes one size per batch);
 - feature vectors (numbers [batch, D]): a CSV file, one example per row; with a header row its columns are found by
-  the metadata's feature names (other columns are ignored), without one each row holds the D values in order;
+  the metadata's feature names (other columns are ignored) and, for data staged with --id_column, each prediction is
+  keyed by the row's id; without one each row holds the D values in order; NaN and infinite values are refused
+  (naming the line and column), in any input, before the model sees them;
 - strings ([batch]): a text file, one example per line (blank lines skipped);
 and for any signature a .npy array (the batch, of the input's dtype or one that converts exactly) or a .json request
 `{"instances": [...]}` as Vertex AI takes it (serving/requests.py). Everything that is wrong is a ConfigError (exit 2)
@@ -25,8 +27,9 @@ from serving import requests
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 
 
-def read(path: str, metadata: dict) -> tuple[list[str], dict]:
-    """(a label per example for the output: file, row or text; {input name: array [n, ...]}) from `path`."""
+def read(path: str, metadata: dict) -> tuple[str, list[str], dict]:
+    """(the name of the output's key column: 'input', or a CSV's id column; a key per example: file, line, text or
+    the id; {input name: array [n, ...]}) from `path`. Non-finite numbers are refused, naming the row and column."""
     inputs = metadata["inputs"]
     suffix = os.path.splitext(path)[1].lower()
     if not os.path.exists(path):
@@ -36,6 +39,7 @@ def read(path: str, metadata: dict) -> tuple[list[str], dict]:
     if os.path.isdir(path) and not (takes_images and len(inputs) == 1):
         raise ConfigError(f"--input={path} is a folder; this export takes {', '.join(sorted(inputs))}: give a file "
                           "(a folder is read for image exports only).")
+    key = "input"
     if suffix == ".json":
         labels, batch = _read_json(path, inputs)
     else:
@@ -50,7 +54,8 @@ def read(path: str, metadata: dict) -> tuple[list[str], dict]:
         elif takes_images:
             labels, values = _read_images(path, description["shape"])
         elif len(description["shape"]) == 2 and suffix == ".csv":
-            labels, values = _read_csv(path, description, metadata.get("feature_names"))
+            key, labels, values = _read_csv(path, description, metadata.get("feature_names"),
+                                            metadata.get("id_column"))
         else:
             raise ConfigError(f"--input={path}: this export takes {name!r} ({description['dtype']}, shape "
                               f"{description['shape']}); give a {'.csv, ' if len(description['shape']) == 2 else ''}"
@@ -58,7 +63,21 @@ def read(path: str, metadata: dict) -> tuple[list[str], dict]:
         batch = {name: values}
     if not labels:
         raise ConfigError(f"--input={path} holds no examples; give at least one.")
-    return labels, batch
+    for name, values in batch.items():
+        _check_finite(path, name, values, metadata.get("feature_names"))
+    return key, labels, batch
+
+
+def _check_finite(path: str, name: str, values, feature_names: list[str] | None) -> None:
+    """A ConfigError naming the first NaN or infinite value of a float input (a .npy, a .json request): the model
+    would answer it (every NaN row the same class; inf gives NaN probabilities)."""
+    if not isinstance(values, np.ndarray) or values.dtype.kind != "f" or np.isfinite(values).all():
+        return
+    row, *position = (int(index) for index in np.argwhere(~np.isfinite(values))[0])
+    column = (f", column {feature_names[position[0]]!r}" if feature_names and len(position) == 1 else
+              f", position {position}" if position else "")
+    raise ConfigError(f"--input={path}: {name!r} row {row}{column} is {values[(row, *position)]}: the model cannot "
+                      "answer for NaN or infinite features; fill the value in or drop the row.")
 
 
 def _read_json(path: str, inputs: dict) -> tuple[list[str], dict]:
@@ -105,12 +124,16 @@ def _read_lines(path: str) -> tuple[list[str], np.ndarray]:
     return lines, np.array([line.encode("utf-8") for line in lines], dtype=object)
 
 
-def _read_csv(path: str, description: dict, feature_names: list[str] | None) -> tuple[list[str], np.ndarray]:
+def _read_csv(path: str, description: dict, feature_names: list[str] | None,
+              id_column: str | None) -> tuple[str, list[str], np.ndarray]:
+    """('input' or `id_column`, 'line N' or the row's id per row, the feature rows): with a header row, the columns
+    named `feature_names` (and the id column, when the header has it); without one, the features in order."""
     width = description["shape"][1]
     with open(path, newline="", encoding="utf-8") as handle:
         rows = [(number, [cell.strip() for cell in row]) for number, row in enumerate(csv.reader(handle), start=1)
                 if any(cell.strip() for cell in row)]
-    columns, fields = list(range(width)), width
+    columns, fields, ids = list(range(width)), width, None
+    names = feature_names or [f"feature_{index}" for index in range(width)]
     if rows and not all(_is_number(cell) for cell in rows[0][1]):  # A header row: the columns by name.
         header = rows.pop(0)[1]
         missing = [name for name in feature_names or () if name not in header]
@@ -118,6 +141,7 @@ def _read_csv(path: str, description: dict, feature_names: list[str] | None) -> 
             raise ConfigError(f"--input={path}: the header row lacks the feature column(s) {missing}; this export "
                               f"reads {width} columns named {feature_names}.")
         columns, fields = [header.index(name) for name in feature_names], len(header)
+        ids = header.index(id_column) if id_column in header else None
     values = np.zeros([len(rows), width], np.float32)
     for index, (number, row) in enumerate(rows):
         if len(row) != fields:
@@ -128,7 +152,13 @@ def _read_csv(path: str, description: dict, feature_names: list[str] | None) -> 
                 raise ConfigError(f"--input={path}, line {number}, column {column + 1}: {row[column]!r} is not a "
                                   "number; every feature must be one.")
             values[index, position] = float(row[column])
-    return [f"line {number}" for number, _ in rows], values
+            if not np.isfinite(values[index, position]):
+                raise ConfigError(f"--input={path}, line {number}, column {names[position]!r}: {row[column]!r} is "
+                                  "not a finite number: the model cannot answer for NaN or infinite features; fill "
+                                  "the value in or drop the row.")
+    if ids is not None:
+        return id_column, [row[ids] for _, row in rows], values
+    return "input", [f"line {number}" for number, _ in rows], values
 
 
 def _is_number(cell: str) -> bool:

@@ -88,6 +88,8 @@ class ExperimentConfig:
     jit_compile: str = "off"  # 'off', 'on' or 'auto' (training/jit_compile.py: what the benchmark measured).
     # Also write model.tflite (LiteRT) into every export, when the serving graph converts (docs/serving.md).
     export_tflite: bool = False
+    # With export_tflite: model.tflite's input size (H, W) for an export taking images of any size (serving/tflite.py).
+    export_tflite_image_size: tuple[int, int] | None = None
     # Observers (training/observers/standard.py OBSERVERS) called after the standard ones, e.g. your own logger.
     observers: tuple[str, ...] = ()
     # Warm start (training/warm_start.py): another run's model_dir, a checkpoint prefix or a .weights.h5, used only
@@ -188,6 +190,9 @@ class ExperimentConfig:
         if not isinstance(self.export_tflite, bool):
             raise ConfigError(f"experiment.export_tflite={self.export_tflite!r} must be True or False; e.g. "
                               f"{how_to_set('export_tflite', True)}.")
+        from serving.tflite import check_image_size  # Imports TensorFlow: here, not when this module loads.
+        object.__setattr__(self, "export_tflite_image_size", check_image_size(
+            self.export_tflite_image_size, how_to_set("export_tflite_image_size", (224, 224))))
         for name, choices in (("train_data_on_device", TRAIN_DATA_ON_DEVICE), ("precision", PRECISIONS),
                               ("jit_compile", JIT_COMPILE)):
             if getattr(self, name) not in choices:

@@ -9,6 +9,7 @@ Known datasets (TFDS `download_and_prepare` straight into data_dir):
 Your own data, as TFDS dataset NAME (then train it with --gin_param="DATASET='tfds:NAME'" and the same DATA_DIR):
   python -m data.stage --name=NAME --data_dir=DIR --from_npz=data.npz        # x_train, y_train, x_test, y_test
   python -m data.stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN
+      [--id_column=id] [--drop_columns=COL,COL]   # an id column keys predictions; dropped columns are left out
   python -m data.stage --name=NAME --data_dir=DIR --from_tfrecord='train=tr-*.tfrecord,test=te-*.tfrecord' \\
       --features='features:float32[8],label:int64'
   python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES  # IMAGES/{train,test}/<class>/*.png
@@ -109,6 +110,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      "per UTF-8 file (or <class>/*.txt with --test_fraction)")
     own.add_argument("--text", help="with --from_csv: the column holding the text to classify (detected when it is "
                      "the only column besides --label); the other columns are left out")
+    own.add_argument("--id_column", help="with --from_csv: a column that names each row (an id), left out of the "
+                     "features and recorded, so python -m tools.predict keys its predictions by it")
+    own.add_argument("--drop_columns", help="with --from_csv: COLUMN,COLUMN,...: columns left out of the features "
+                     "(e.g. free-text notes, a date)")
     own.add_argument("--test_fraction", type=float, help="split one CSV, .npz (arrays x, y), image or text folder: "
                      "this share of the examples (0 < F < 1) becomes test, stratified by class")
     own.add_argument("--seed", type=int, help="with --test_fraction: the seed of the split (default 0)")
@@ -183,35 +188,57 @@ def _print_how_to_train(name: str, data_dir: str) -> None:
     # The tabular starting config reports AUC, precision and recall, which need exactly two classes.
     metrics = (" --gin_param=\"experiment.metrics=['accuracy']\"" if config == STARTING_CONFIGS["TabularClassification"]
                and spec.task.num_classes != 2 else "")
-    metrics += _batch_that_fits(config, find_builder(name, data_dir).info.splits["train"].num_examples)
+    metrics += _sized_run(config, find_builder(name, data_dir).info.splits["train"].num_examples)
     print(f"Train it: python train.py --gin_file={config} --gin_param=\"DATASET='tfds:{name}'\" "
           f"--gin_param=\"DATA_DIR='{data_dir}'\"{metrics} --model_dir=runs/{name}\n"
           f"The task inferred from its metadata, to paste into DATASETS of data/registry.py if you want to change "
           f"it (then DATASET='{name}'):\n{registry_lines(name, spec)}", flush=True)
 
 
-def _batch_that_fits(config: str, train_examples: int) -> str:
-    """' --gin_param=GLOBAL_BATCH_SIZE=B' when the config's batch is larger than the train split (training would
-    refuse it): B the largest power of two that fits; '' otherwise."""
-    batch = _config_batch_size(os.path.join(REPO_ROOT, config))
-    if batch is None or batch <= train_examples:
+# The suggested run: this many epochs of the train split at the suggested batch (the shipped configs train their
+# datasets 6-35 epochs; a small dataset needs the upper end), at least MIN_STEPS, rounded up to a multiple of
+# STEPS_ROUNDING; a warm-up longer than WARMUP_SHARE of that is shortened to it.
+EPOCHS = 30
+MIN_STEPS = 200
+STEPS_ROUNDING = 100
+WARMUP_SHARE = 0.1
+
+
+def _sized_run(config: str, train_examples: int) -> str:
+    """The gin params that size the starting `config`'s run to a train split of `train_examples`: GLOBAL_BATCH_SIZE
+    when the config's is larger than the split (training would refuse it; the largest power of two that fits),
+    TRAIN_STEPS for EPOCHS epochs (at least MIN_STEPS), and cosine.warmup_steps when the config's warm-up would take
+    more than WARMUP_SHARE of those steps."""
+    path = os.path.join(REPO_ROOT, config)
+    batch, params = _config_setting(path, "GLOBAL_BATCH_SIZE"), ""
+    if batch is None:
         return ""
-    return f" --gin_param=GLOBAL_BATCH_SIZE={1 << (train_examples.bit_length() - 1)}"
+    if batch > train_examples:
+        batch = 1 << (train_examples.bit_length() - 1)
+        params += f" --gin_param=GLOBAL_BATCH_SIZE={batch}"
+    steps = max(MIN_STEPS, EPOCHS * -(-train_examples // batch))
+    steps = -(-steps // STEPS_ROUNDING) * STEPS_ROUNDING
+    params += f" --gin_param=TRAIN_STEPS={steps}"
+    warmup = _config_setting(path, "cosine.warmup_steps")
+    if warmup is not None and warmup > steps * WARMUP_SHARE:
+        params += f" --gin_param=cosine.warmup_steps={int(steps * WARMUP_SHARE)}"
+    return params
 
 
-def _config_batch_size(path: str) -> int | None:
-    """The GLOBAL_BATCH_SIZE a gin file sets, following its includes (the last setting wins, as in gin)."""
+def _config_setting(path: str, name: str) -> int | None:
+    """The whole number a gin file sets `name` (e.g. GLOBAL_BATCH_SIZE) to, following its includes (the last
+    setting wins, as in gin); None when it sets none."""
     import re
 
-    batch = None
+    value = None
     for line in open(path, encoding="utf-8"):
         included = re.match(r"\s*include\s+'([^']+)'", line)
         if included:
-            batch = _config_batch_size(os.path.join(REPO_ROOT, included.group(1))) or batch
-        setting = re.match(r"\s*GLOBAL_BATCH_SIZE\s*=\s*(\d+)", line)
+            value = _config_setting(os.path.join(REPO_ROOT, included.group(1)), name) or value
+        setting = re.match(rf"\s*{re.escape(name)}\s*=\s*(\d+)\s*(#.*)?$", line)
         if setting:
-            batch = int(setting.group(1))
-    return batch
+            value = int(setting.group(1))
+    return value
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ MIN_REFUSED_CLASSES = 1000
 
 
 def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | None = None,
-            feature_names: list[str] | None = None, image_resize: tuple | None = None):
+            feature_names: list[str] | None = None, image_resize: tuple | None = None, id_column: str | None = None):
     """(TFDS FeaturesDict, {split: {feature: array}}) for `{split: (inputs, labels)}`; see the module docstring.
-    `feature_names` (a CSV's columns) are kept in the 'features' Tensor's documentation, `image_resize` (H, W, mode:
-    how an image folder was resized) in the 'image' feature's (data/staged_spec.py)."""
+    `feature_names` (a CSV's columns) and `id_column` (the CSV's id column, left out of them) are kept in the
+    'features' Tensor's documentation, `image_resize` (H, W, mode: how an image folder was resized) in the 'image'
+    feature's (data/staged_spec.py)."""
     import tensorflow_datasets as tfds
 
     from data.staged_spec import feature_names_doc, image_resize_doc
@@ -44,7 +45,8 @@ def columns(splits: dict, label_kind: str = "auto", class_names: list[str] | Non
                                             doc=image_resize_doc(*image_resize) if image_resize else None)
         convert = lambda inputs: inputs.reshape(len(inputs), *image_shape)  # noqa: E731
     elif len(shape) == 1 and np.issubdtype(first_inputs.dtype, np.number):
-        documentation = feature_names_doc(feature_names) if feature_names and len(feature_names) == shape[0] else None
+        documentation = (feature_names_doc(feature_names, id_column) if feature_names and len(feature_names) == shape[0]
+                         else None)
         input_key, input_feature = "features", tfds.features.Tensor(shape=shape, dtype=np.float32, doc=documentation)
         convert = lambda inputs: inputs.astype(np.float32)  # noqa: E731
     else:

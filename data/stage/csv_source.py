@@ -4,14 +4,12 @@ column besides the label) as one string per example, which data/stage/columns.py
 Every bad cell is a ConfigError naming the file, the line and the column.
 """
 
-import csv
-import io
 import logging
 
 import numpy as np
 
 from common.errors import ConfigError
-from data.stage import utf8_text
+from data.stage import csv_header, utf8_text
 from data.stage.sources import check_finite
 
 log = logging.getLogger(__name__)
@@ -25,35 +23,39 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def read_csv(paths: dict[str, str], label: str, text: str | None = None) -> tuple[dict, list[str] | None]:
+def read_csv(paths: dict[str, str], label: str, text: str | None = None, *, id_column: str | None = None,
+             drop_columns: list[str] = ()) -> tuple[dict, list[str] | None]:
     """(splits, feature column names or None for text): per split, a CSV file with a header row: the `label` column
     and numeric feature columns, or the `text` column (--text; other columns are left out) as one string per example
-    (the caller checks the split names: one file is split 'all', which --test_fraction splits). Without `text`, a
-    CSV whose only column besides the label holds anything but numbers (in the first split's file) is read as text,
-    and said so in the log. The feature names are kept in the staged metadata, so the export reads CSVs by them."""
-    splits, header = {}, None
+    (the caller checks the split names: one file is split 'all', which --test_fraction splits). `id_column` and
+    `drop_columns` are left out of the features (data/stage/csv_header.py). Without `text`, a CSV whose only column
+    besides those holds anything but numbers (in the first split's file) is read as text, and said so in the log. The
+    feature names are kept in the staged metadata, so the export reads CSVs by them."""
+    splits, header, features = {}, None, None
     for split, path in paths.items():  # One file after the other: a bad cell is named before the next file is read.
-        rows = _read_split_rows(split, path, label, header)
+        rows = _read_split_rows(split, path, header)
         if header is None:
             header = rows[0]
-            text = _text_column(path, rows, label, text)
-        splits[split] = _split_columns(split, path, rows, label, text)
-    return splits, None if text is not None else [name for name in header if name != label]
+            features = csv_header.feature_columns(header, path, label, text=text, id_column=id_column,
+                                                  drop_columns=drop_columns)
+            text = _text_column(path, rows, label, text, features)
+            features = [text] if text is not None else features
+        splits[split] = _split_columns(split, path, rows, label, features, text is not None)
+    if text is not None:
+        return splits, None
+    _warn_of_id_like_columns(splits, features)
+    return splits, features
 
 
-def _text_column(path: str, rows: list[list[str]], label: str, text: str | None) -> str | None:
-    """The text column: `text` (checked), or the only column besides `label` when it holds anything but numbers;
-    None for numeric feature columns."""
+def _text_column(path: str, rows: list[list[str]], label: str, text: str | None, others: list[str]) -> str | None:
+    """The text column: `text` (checked), or the only column of `others` (the columns besides the label, an id and
+    the dropped ones) when it holds anything but numbers; None for numeric feature columns."""
     header = rows[0]
-    others = [name for name in header if name != label]
     if text is None and len(others) == 1 and not all(_is_number(row[header.index(others[0])]) for row in rows[1:]):
         text = others[0]
         log.info("--from_csv: column %r, the only one besides --label=%r, holds text: staged as a text dataset "
                  "(--text=%s says so explicitly).", text, label, text)
-    elif text is not None:
-        if text not in header or text == label:
-            raise ConfigError(f"--text={text!r} is not a column of {path} besides --label={label!r} (columns: "
-                              f"{header}); pass --text=<the column that holds the text>.")
+    elif text is not None:  # A column of the header (csv_header.feature_columns).
         left_out = [name for name in others if name != text]
         if left_out:
             log.info("--from_csv: --text=%r: the columns %s are left out (the text task reads one text column).",
@@ -61,41 +63,61 @@ def _text_column(path: str, rows: list[list[str]], label: str, text: str | None)
     return text
 
 
-def _split_columns(split: str, path: str, rows: list[list[str]], label: str, text: str | None) -> tuple:
-    """(inputs, labels) of one split's rows: float feature vectors, or the `text` column's strings."""
+def _split_columns(split: str, path: str, rows: list[list[str]], label: str, features: list[str],
+                   is_text: bool) -> tuple:
+    """(inputs, labels) of one split's rows: float vectors of the `features` columns, or (`is_text`) the strings of
+    its one column."""
     header = rows[0]
-    used = [label, text] if text is not None else header
-    index = header.index(label)
+    index, positions = header.index(label), [header.index(name) for name in features]
     values, labels = [], []
     for number, row in enumerate(rows[1:], start=2):
-        empty = [name for name in used if not row[header.index(name)].strip()]
+        empty = [header[position] for position in [index, *positions] if not row[position].strip()]
         if empty:
             raise ConfigError(f"{path}, line {number}: no value in column(s) {empty}. Fill the missing values in "
                               "or drop those rows (every example needs every column).")
         labels.append(row[index])
-        if text is not None:
-            values.append(row[header.index(text)])
+        if is_text:
+            values.append(row[positions[0]])
             continue
-        cells = [(name, cell) for position, (name, cell) in enumerate(zip(header, row, strict=True))
-                 if position != index]
         try:
-            values.append([float(cell) for _, cell in cells])
+            values.append([float(row[position]) for position in positions])
         except ValueError:
-            name, cell = next((name, cell) for name, cell in cells if not _is_number(cell))
+            name, cell = next((header[position], row[position]) for position in positions
+                              if not _is_number(row[position]))
             raise ConfigError(f"{path}, line {number}: column {name!r} holds {cell!r}, not a number. Feature "
-                              "columns must be numbers: drop or encode that column (or fix the value), or, if it "
-                              f"is the text to classify, pass --text={name}.") from None
-    if text is not None:
+                              f"columns must be numbers: drop or encode that column (--drop_columns={name} drops "
+                              f"it; or fix the value), or, if it is the text to classify, pass --text={name}.") \
+                from None
+    if is_text:
         return np.asarray(values, dtype=object), _label_array(labels)
-    columns = (np.asarray(values, np.float32).reshape(len(values), len(header) - 1), _label_array(labels))
-    check_finite(columns[0], f"--from_csv: {path}", split, [name for name in header if name != label], 2)
+    columns = (np.asarray(values, np.float32).reshape(len(values), len(features)), _label_array(labels))
+    check_finite(columns[0], f"--from_csv: {path}", split, features, 2)
     check_finite(columns[1], f"--from_csv: {path}", split, [label], 2)
     return columns
 
 
-def _read_split_rows(split: str, path: str, label: str, header: list[str] | None) -> list[list[str]]:
-    """The rows of one split's CSV file, checked: it exists, has the `label` column, the other splits' `header` (when
-    read already) and as many fields in every row as in its header."""
+# A column of whole numbers, a different one in every row, over at least this many rows looks like an id.
+MIN_ROWS_OF_AN_ID = 10
+
+
+def _warn_of_id_like_columns(splits: dict, features: list[str]) -> None:
+    """Logs a warning for each feature column that holds a different whole number in every row (of every split), as
+    an id column does: trained as a feature, the model would learn from the row's number."""
+    values = np.concatenate([inputs for inputs, _ in splits.values()]).astype(np.float64)
+    if len(values) < MIN_ROWS_OF_AN_ID:
+        return
+    for position, name in enumerate(features):
+        column = values[:, position]
+        if np.all(np.mod(column, 1) == 0) and len(np.unique(column)) == len(column):
+            log.warning("--from_csv: column %r holds a different whole number in each of the %d rows, as an id "
+                        "does; staged as a feature, the model would learn from it. If it is an id, pass "
+                        "--id_column=%s (left out of the features; python -m tools.predict keys its predictions by "
+                        "it) or --drop_columns=%s.", name, len(column), name, name)
+
+
+def _read_split_rows(split: str, path: str, header: list[str] | None) -> list[list[str]]:
+    """The rows of one split's CSV file, checked: it exists, is not empty, has the other splits' `header` (when read
+    already) and as many fields in every row as in its header (its columns: csv_header.feature_columns)."""
     import tensorflow as tf
 
     if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
@@ -104,9 +126,8 @@ def _read_split_rows(split: str, path: str, label: str, header: list[str] | None
         raise ConfigError(f"{where}: {what}. Pass an existing CSV path (local or gs://), "
                           "e.g. --from_csv=train=train.csv,test=test.csv.")
     rows = _read_csv_rows(path)
-    if not rows or label not in rows[0]:
-        raise ConfigError(f"--label={label!r} is not a column of {path} (columns: {rows[0] if rows else []}); "
-                          "pass --label=<the column to predict>.")
+    if not rows:
+        raise ConfigError(f"--from_csv: {path} is empty; give it a header row and one row per example.")
     if header is not None and rows[0] != header:
         raise ConfigError(f"{path} has the columns {rows[0]}, the other split {header}: give every split the "
                           "same header.")
@@ -127,11 +148,7 @@ def _read_csv_rows(path: str) -> list[list[str]]:
                                 not_utf8_fix="save it as CSV in UTF-8 (e.g. iconv -f latin1 -t utf-8, or the "
                                              "spreadsheet's 'CSV UTF-8' format).",
                                 binary_fix="CSV file (a binary or compressed file?): export it as CSV in UTF-8.")
-    try:
-        return [row for row in csv.reader(io.StringIO(text, newline="")) if row]
-    except csv.Error as error:
-        raise ConfigError(f"--from_csv: {path} is not a readable CSV file ({error}): export it as CSV in UTF-8.") \
-            from None
+    return csv_header.parse_rows(text, path)
 
 
 def _label_array(labels: list[str]) -> np.ndarray:

@@ -3,7 +3,8 @@ dataset_info.json (`staged_source.json`, written last), so staging the same --na
 to do) from a different one (exit 2: --force rebuilds, or another --name keeps both).
 
 The fingerprint is the source kind (--from_npz, --from_csv, ...), the flags that change what is staged (--npz_keys,
---label, --label_kind, --features, --image_size, --resize, --channels, and --test_fraction with --seed, which make
+--label, --label_kind, --features, --id_column, --drop_columns, --image_size, --resize, --channels, and
+--test_fraction with --seed, which make
 the split of one file) and the contents
 per split: the sha256 of the bytes of the .npz, CSV and TFRecord files (and of a text folder's files, with their
 names); for an image folder (often large, perhaps on
@@ -23,7 +24,7 @@ from data import staged_source
 
 # Per source flag, the flags that change what is staged from it.
 SETTINGS = {"from_npz": ("npz_keys", "label_kind", "test_fraction", "seed"),
-            "from_csv": ("label", "label_kind", "test_fraction", "seed", "text"),
+            "from_csv": ("label", "label_kind", "test_fraction", "seed", "text", "id_column", "drop_columns"),
             "from_tfrecord": ("features", "label", "label_kind"),
             "from_image_folder": ("test_fraction", "seed", "image_size", "resize", "channels"),
             "from_text_folder": ("test_fraction", "seed")}

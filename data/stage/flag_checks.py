@@ -2,14 +2,16 @@
 cores), so a bad flag, a conflicting pair or a missing local source file answers in a fraction of a second.
 
 Standard library only (tests/test_stage_fast.py asserts that TensorFlow is not loaded by them). What only the data
-can tell (an .npz without the arrays, a CSV without the label column, a gs:// path) is checked when it is read
-(data/stage/sources.py).
+can tell (an .npz without the arrays, a gs:// path, a bad cell) is checked when it is read (data/stage/sources.py);
+a local CSV's header row (the --label, --text, --id_column and --drop_columns columns, a repeated name) is checked
+here.
 """
 
 import os
 import re
 
 from common.errors import ConfigError
+from data.stage.csv_header import feature_columns, read_local_header, split_list
 from tasks.image_resize import CHANNELS, MODES
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -41,6 +43,7 @@ def check_args(args) -> None:
                           f"{source} has its own labels (an .npz's labels array via --npz_keys, a folder's class "
                           "folders): drop --label.")
     args.label = "label" if args.label is None else args.label
+    _check_column_flags(args)
     if args.dataset:
         if args.test_fraction is not None:
             raise ConfigError(f"--test_fraction={args.test_fraction} splits your own data (--from_csv, --from_npz, "
@@ -51,6 +54,25 @@ def check_args(args) -> None:
     _check_image_flags(args)
     _check_split_flags(args)
     _check_local_sources(args)
+
+
+def _check_column_flags(args) -> None:
+    """--id_column and --drop_columns name columns of --from_csv (checked against each local file's header in
+    _check_local_sources); normalises args.drop_columns to 'a,b', as the fingerprint records it."""
+    given = [f"--{flag}={getattr(args, flag)}" for flag in ("id_column", "drop_columns")
+             if getattr(args, flag, None) is not None]
+    if given and not args.from_csv:
+        raise ConfigError(f"{' '.join(given)} names columns of --from_csv; the other sources have no named columns: "
+                          "drop it.")
+    if getattr(args, "drop_columns", None) is not None:
+        if not split_list(args.drop_columns):
+            raise ConfigError(f"--drop_columns={args.drop_columns!r} names no column: pass COLUMN,COLUMN,... (e.g. "
+                              "--drop_columns=notes,date), or drop the flag.")
+        args.drop_columns = ",".join(split_list(args.drop_columns))
+    if getattr(args, "id_column", None) is not None and args.text is not None:
+        raise ConfigError(f"--id_column={args.id_column} keys the rows of a CSV of feature columns; with --text="
+                          f"{args.text} the other columns are left out already (a text file is predicted line by "
+                          "line): drop --id_column.")
 
 
 # --image_size's bound: ImageNet models train at 224-600 pixels a side; 4096 x 4096 x 3 is 48 MiB per image.
@@ -140,6 +162,10 @@ def _check_local_sources(args) -> None:
                 where = f"--from_csv: {split}={path!r}" if split else f"--from_csv={path!r}"
                 raise ConfigError(f"{where}: {what}. Pass an existing CSV path (local or gs://), e.g. --from_csv="
                                   "data.csv --test_fraction=0.2 or --from_csv=train=train.csv,test=test.csv.")
+            header = read_local_header(path) if _is_local(path) else None
+            if header:  # A --label typo, a repeated column: named now, not after TensorFlow has loaded.
+                feature_columns(header, path, args.label, text=args.text, id_column=getattr(args, "id_column", None),
+                                drop_columns=split_list(getattr(args, "drop_columns", None)))
     elif args.from_text_folder and _is_local(args.from_text_folder) and not os.path.isdir(args.from_text_folder):
         raise ConfigError(f"--from_text_folder={args.from_text_folder!r} is not a folder. Pass a folder with "
                           "DIR/train/<class>/*.txt and DIR/test/<class>/*.txt (or DIR/<class>/*.txt with "

@@ -48,7 +48,8 @@ def read_source(args) -> tuple:
     from data.stage import split as own_split
     from data.stage.columns import columns
 
-    class_names, feature_names, whole, split_note = None, None, args.test_fraction is not None, ""
+    class_names, feature_names, id_column, whole = None, None, None, args.test_fraction is not None
+    split_note = ""
     image_size, resize = getattr(args, "image_size", None), getattr(args, "resize", None)
     image_size = tuple(int(size) for size in image_size.split(",")) if image_size else None
     if args.from_npz:
@@ -57,9 +58,12 @@ def read_source(args) -> tuple:
         paths = ({"all": args.from_csv} if whole else own_sources.parse_split_paths(args.from_csv, "--from_csv"))
         if not whole:
             own_sources.check_splits(paths, "--from_csv")
+        from data.stage.csv_header import split_list
         from data.stage.csv_source import read_csv
 
-        splits, feature_names = read_csv(paths, args.label, args.text)
+        id_column = getattr(args, "id_column", None)
+        splits, feature_names = read_csv(paths, args.label, args.text, id_column=id_column,
+                                         drop_columns=split_list(getattr(args, "drop_columns", None)))
     elif args.from_tfrecord:
         if not args.features:
             raise ConfigError("--from_tfrecord needs --features, the stored features' names, dtypes and shapes, e.g. "
@@ -84,7 +88,8 @@ def read_source(args) -> tuple:
             splits = own_split.split_examples(inputs, labels, args.test_fraction, seed, by_class)
             split_note = " " + own_split.describe(args.test_fraction, seed, by_class, splits)
         resized = (*image_size, resize) if image_size else None  # Recorded for the export (data/staged_spec.py).
-        return (*columns(splits, args.label_kind, class_names, feature_names, image_resize=resized), split_note)
+        return (*columns(splits, args.label_kind, class_names, feature_names, image_resize=resized,
+                         id_column=id_column), split_note)
     except ConfigError as error:  # About the arrays read: named by the source they were read from.
         flag = next(flag for flag in ("from_npz", "from_csv", "from_tfrecord", "from_image_folder",
                                       "from_text_folder") if getattr(args, flag))
@@ -101,6 +106,7 @@ def store(name: str, data_dir: str, features, splits: dict, *, source: dict, for
     import tensorflow_datasets as tfds
 
     from data.stage import fingerprint as own_fingerprint
+    from data.stage.tfds_noise import quiet_local_build
 
     version_dir = join(data_dir, name, VERSION)
     if tf.io.gfile.exists(join(version_dir, "dataset_info.json")):
@@ -115,9 +121,10 @@ def store(name: str, data_dir: str, features, splits: dict, *, source: dict, for
             yield index, {key: values[index] for key, values in columns.items()}
 
     tfds.disable_progress_bar()
-    tfds.dataset_builders.store_as_tfds_dataset(
-        name=name, version=VERSION, features=features, data_dir=data_dir,
-        split_datasets={split: examples(columns) for split, columns in splits.items()},
-        description=description or "Staged with python -m data.stage.", disable_shuffling=True)
+    with quiet_local_build():  # TFDS's "has no dataset_info.json" and "Downloading ... Unknown size": not faults.
+        tfds.dataset_builders.store_as_tfds_dataset(
+            name=name, version=VERSION, features=features, data_dir=data_dir,
+            split_datasets={split: examples(columns) for split, columns in splits.items()},
+            description=description or "Staged with python -m data.stage.", disable_shuffling=True)
     own_fingerprint.write(version_dir, source)  # Last: only a complete dataset has one.
     return "built"

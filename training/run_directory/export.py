@@ -56,9 +56,11 @@ def _serving_function(model: keras.Model, task: Task):
 
 
 def write_saved_model(model: keras.Model, task: Task, folder: str, *, io_device: str | None = None,
-                      examples: dict | None = None, with_tflite: bool = False) -> None:
+                      examples: dict | None = None, with_tflite: bool = False,
+                      tflite_image_size: tuple[int, int] | None = None) -> None:
     """Writes the SavedModel and its assets.extra/ files (the module docstring) into the new `folder`. `examples`
-    ({input name: array [n, ...]}, raw eval examples) make the warmup and example requests; None: neither."""
+    ({input name: array [n, ...]}, raw eval examples) make the warmup and example requests; None: neither.
+    `with_tflite`: also model.tflite (serving/tflite.py), at `tflite_image_size` for an any-size image export."""
     serve, signature = _serving_function(model, task), task.serving_signature()
     function = tf.function(serve)
     outputs = function.get_concrete_function(**signature).structured_outputs
@@ -74,23 +76,11 @@ def write_saved_model(model: keras.Model, task: Task, folder: str, *, io_device:
         example_request = {name: values[:EXAMPLE_REQUEST_SIZE] for name, values in examples.items()}
         _write_text(join(extra, requests.FILE_NAME), requests.request_json(example_request))
     output_specs = {name: tf.TensorSpec.from_tensor(value) for name, value in outputs.items()}
-    tflite_described = _write_tflite(serve, signature, output_specs, model, folder) if with_tflite else None
+    tflite_described = tflite.write(folder, serve, signature, output_specs, [var.value for var in model.variables],
+                                    image_size=tflite_image_size, class_names=task.serving_metadata().get(
+                                        "class_names")) if with_tflite else None
     described = metadata.describe(task.serving_metadata(), signature, output_specs, tflite=tflite_described)
     _write_text(join(extra, metadata.FILE_NAME), json.dumps(described, indent=2) + "\n")
-
-
-def _write_tflite(serve, signature: dict, outputs: dict, model: keras.Model, folder: str) -> dict:
-    """Writes folder/model.tflite if the serving graph converts; returns what the metadata says of it."""
-    try:
-        content = tflite.convert(serve, signature, [variable.value for variable in model.variables])
-    except tflite.NotConvertible as error:
-        log.warning("%s not written: %s in this task's serving graph; the SavedModel export is complete "
-                    "(docs/serving.md, LiteRT).", tflite.FILE_NAME, error)
-        return {"file": None, "reason": str(error)}
-    with tf.io.gfile.GFile(join(folder, tflite.FILE_NAME), "wb") as handle:
-        handle.write(content)
-    return {"file": tflite.FILE_NAME, "outputs": sorted(name for name, spec in outputs.items()
-                                                        if spec.dtype != tf.string)}
 
 
 def _write_text(path: str, text: str) -> None:
@@ -99,13 +89,15 @@ def _write_text(path: str, text: str) -> None:
 
 
 def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_device: str | None = None,
-                       examples: dict | None = None, with_tflite: bool = False) -> str:
+                       examples: dict | None = None, with_tflite: bool = False,
+                       tflite_image_size: tuple[int, int] | None = None) -> str:
     """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions,
     `examples` and `with_tflite` as in write_saved_model."""
     parent, name = export_dir.rstrip("/").rsplit("/", 1)
     temporary = join(parent, temporary_name(name))
     try:
-        write_saved_model(model, task, temporary, io_device=io_device, examples=examples, with_tflite=with_tflite)
+        write_saved_model(model, task, temporary, io_device=io_device, examples=examples, with_tflite=with_tflite,
+                          tflite_image_size=tflite_image_size)
         if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again; export/best every new best.
             if tf.io.gfile.exists(join(export_dir, MARKER)):
                 tf.io.gfile.remove(join(export_dir, MARKER))  # No longer a SavedModel from here on.
@@ -150,7 +142,8 @@ def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
         with trainer.serving_weights():  # EMA_DECAY: the EMA weights are the ones served (export/best/ too).
             return export_saved_model(trainer.model, trainer.task, export_dir,
                                       io_device=io_device_for(trainer.strategy, export_dir), examples=examples,
-                                      with_tflite=trainer.config.export_tflite)
+                                      with_tflite=trainer.config.export_tflite,
+                                      tflite_image_size=trainer.config.export_tflite_image_size)
     except tf.errors.OpError as error:
         raise StorageError(f"Exporting the SavedModel to {export_dir} failed ({describe(error)}); {recovery}") \
             from error
