@@ -20,19 +20,10 @@ def run_module(module: str, *args: str, timeout: float = 300):
 
 
 def litert_runner(model_path: str):
-    """The serving_default signature runner of a .tflite file in LiteRT's interpreter (`ai_edge_litert`, the package
-    docs/serving.md names) when it is installed, else TensorFlow's tf.lite.Interpreter (its notice that LiteRT's
-    package replaces it silenced)."""
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        import warnings
+    """The serving_default signature runner of a .tflite file in LiteRT's own interpreter (`ai_edge_litert`, the
+    package docs/serving.md names; requirements-dev.txt installs it), as an app or server would load the file."""
+    from ai_edge_litert.interpreter import Interpreter
 
-        import tensorflow as tf
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            Interpreter = tf.lite.Interpreter  # noqa: N806 - the class, named as in ai_edge_litert.
     return Interpreter(model_path=model_path).get_signature_runner("serving_default")
 
 
