@@ -37,13 +37,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:  # TensorFlow loads in the functions that need it, after main() has set its log level.
+    from tools.replica_hazards import ModelFacts
     from training.config import ExperimentConfig
     from training.trainer import Trainer
 
@@ -237,7 +237,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
     args = parser.parse_args(argv[1:])
     logging.basicConfig(level=logging.WARNING)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow loads: float64 kernels log warnings.
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
 
     from common.errors import EXIT_CONFIG_ERROR, ConfigError, user_message
     from training import config_files, experiment  # The gin handling of train.py: configs read as training does.
