@@ -53,10 +53,13 @@ def main(argv: list[str]) -> int:
 
 def _main(argv: list[str]) -> int:
     args = parse_args(argv[1:])
-    # Before TensorFlow loads: keep its C++ INFO lines off a newcomer's first screen (set it to 0 to see them), and
-    # let its gs:// client give up on a failing request in ~20 s rather than ~3 minutes (common/gcs_retries.py).
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    # Before TensorFlow loads: keep its C++ start-up lines off a newcomer's first screen (common/tf_logging.py;
+    # TF_CPP_MIN_LOG_LEVEL=0 shows them), and let its gs:// client give up on a failing request in ~20 s rather than
+    # ~3 minutes (common/gcs_retries.py).
     from common import gcs_retries
+    from common.tf_logging import quiet_tensorflow
+
+    quiet_tensorflow()
 
     gcs_retries.set_defaults()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)

@@ -30,7 +30,9 @@ def peak_rss_mib() -> float:
 
 def child(accumulate: int, hidden: int, batch: int, steps: int) -> dict:
     """Builds and trains in this process; returns the peak RSS after the build and after the steps."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     from training import config_files
 
     config_files.parse([GIN_FILE], [f"mlp.hidden_units=({hidden},)", f"GLOBAL_BATCH_SIZE={batch}",

@@ -73,7 +73,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(args.replicas)

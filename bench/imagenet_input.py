@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=375)
     parser.add_argument("--width", type=int, default=500)
     args = parser.parse_args()
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
 
+    quiet_tensorflow()
     import tensorflow_datasets as tfds
 
     tfds.disable_progress_bar()

@@ -78,7 +78,9 @@ def main() -> None:
     parser.add_argument("--replicas", default="1,2")
     parser.add_argument("--repetitions", type=int, default=5)
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     from tpu_utils.strategy import configure_virtual_cpus
 
     replica_counts = [int(value) for value in args.replicas.split(",")]

@@ -42,7 +42,9 @@ def main() -> None:
     parser.add_argument("--gin_file", default="configs/default.gin")
     parser.add_argument("--gin_param", action="append", default=[])
     args = parser.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     from training import config_files
 
     config_files.parse([args.gin_file], ["TRAIN_STEPS=1000000", *args.gin_param], search_path=config_files.REPO_ROOT)

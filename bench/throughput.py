@@ -305,7 +305,9 @@ def main() -> None:
     if args.steps < 100 or args.steps % 100:
         parser.error(f"--steps={args.steps} must be a positive multiple of 100 (the largest STEPS_PER_LOOP).")
     STEPS = args.steps
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(max(args.replicas, 1))

@@ -18,24 +18,28 @@ PROGRESS_SECONDS = 10.0
 
 @contextlib.contextmanager
 def reporting(what: str, every: float = PROGRESS_SECONDS):
-    """Runs the body; logs a progress line every `every` seconds until it returns."""
+    """Runs the body; logs a progress line every `every` seconds until it returns. Yields `waited()`, the seconds
+    since the body began, so that a message about the wait states the real time, not a bound."""
     done = threading.Event()
     started = time.monotonic()
 
+    def waited() -> float:
+        return time.monotonic() - started
+
     def report():
         while not done.wait(every):
-            log.warning("Still waiting for %s (%.0f s so far): the storage is slow or unreachable.", what,
-                        time.monotonic() - started)
+            log.warning("Still waiting for %s (%.0f s so far): the storage is slow or unreachable.", what, waited())
 
     thread = threading.Thread(target=report, name="storage-progress", daemon=True)
     thread.start()
     try:
-        yield
+        yield waited
     finally:
         done.set()
         thread.join(timeout=1)
 
 
 def reporting_on_gcs(what: str, path: str, every: float = PROGRESS_SECONDS):
-    """`reporting(what)` for a gs:// `path`; nothing for a local one (a local write does not wait on a network)."""
+    """`reporting(what)` for a gs:// `path`; nothing for a local one (a local write does not wait on a network: it
+    yields None)."""
     return reporting(what, every) if path.startswith("gs://") else contextlib.nullcontext()

@@ -81,7 +81,8 @@ def check_single_slashes(name: str, path: str) -> None:
 
 def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None, timeout_seconds: float = 120) -> None:
     """Checks every gs:// value of `paths` ({'DATA_DIR': ..., 'model_dir': ...}); a ConfigError on the first problem,
-    a StorageError when a bucket does not answer for `timeout_seconds`."""
+    a StorageError (naming the seconds it waited) when a bucket does not answer within retries bounded by
+    `timeout_seconds`."""
     gcs_paths = {name: path for name, path in paths.items() if isinstance(path, str) and path.startswith("gs://")}
     if not gcs_paths:
         return
@@ -92,15 +93,19 @@ def check_gcs_paths(paths: dict, *, tpu_zone: str | None = None, client=None, ti
     account = getattr(getattr(client, "_credentials", None), "service_account_email", None)
     who = f"the account {account}" if account else "your Application Default Credentials"
     for name, path in gcs_paths.items():
-        with reporting(f"gs://{split_gs_path(path)[0]} ({name})"):
+        with reporting(f"gs://{split_gs_path(path)[0]} ({name})") as waited:
             try:
                 _check_bucket(client, name, path, who, tpu_zone, timeout_seconds)
             except Exception as error:  # noqa: BLE001 - google-cloud-storage and requests errors alike.
                 if isinstance(error, ConfigError) or not transient(error):
                     raise
-                raise StorageError(f"{name}={path!r}: gs://{split_gs_path(path)[0]} did not answer for "
-                                   f"{timeout_seconds:g} s ({describe(error, 200)}). Nothing was written: rerun the "
-                                   "same command once the storage answers.") from error
+                # The time it really waited: the retries stop when their next back-off would cross the bound.
+                seconds = waited()
+                raise StorageError(f"{name}={path!r}: gs://{split_gs_path(path)[0]} did not answer in "
+                                   f"{seconds:.{0 if seconds >= 10 else 1}f} s of retries (bounded by "
+                                   f"experiment.storage_timeout_seconds={timeout_seconds:g}; {describe(error, 200)}). "
+                                   "Nothing was written: rerun the same command once the storage answers.") \
+                    from error
 
 
 def _check_bucket(client, name: str, path: str, who: str, tpu_zone: str | None, timeout_seconds: float) -> None:

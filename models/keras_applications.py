@@ -22,6 +22,7 @@ batch_norm_momentum (None: Keras' own) sets their momentum the same way. Static 
 Resizing), so it compiles for TPUs.
 """
 
+import logging
 import os
 import tempfile
 import warnings
@@ -33,6 +34,8 @@ import tensorflow as tf
 
 from common.errors import ConfigError, shorten
 from models.layers import StatelessDropout, logits_dtype
+
+log = logging.getLogger(__name__)
 
 _IMAGENET_RGB_MEAN = (123.68, 116.779, 103.939)  # keras.applications.imagenet_utils, caffe mode (in RGB order).
 
@@ -149,3 +152,7 @@ def load_backbone_weights(backbone: keras.Model, path: str, name: str) -> None:
             raise ConfigError(f"{setting} does not fit the {name} backbone (include_top=False, input "
                               f"{backbone.input_shape[1:3]}): {shorten(str(error), 300)} Give a weights file of "
                               f"this application without its top, or change keras_application.name.") from error
+    # Keras loads every variable of the backbone or raises (above): say what came from where, as INIT_FROM's table.
+    values = sum(int(np.prod(variable.shape)) for variable in backbone.weights)
+    log.info("keras_application.weights_path: loaded the %d variables (%s values) of the %s backbone from %s.",
+             len(backbone.weights), f"{values:,}", name, path)

@@ -15,6 +15,8 @@ from tasks.image_resize import resize_image
 class ImageClassification(ClassificationTask):
     """Raw pixels -> /max_pixel_value -> standardised per channel; optional stateless augmentation."""
 
+    augmentations = ("flip_and_crop", "randaugment", "mixup", "cutmix")  # experiment.augmentation may name these.
+
     num_classes: int = 0
     image_shape: tuple[int, int, int] = (0, 0, 0)
     max_pixel_value: float = 255.0  # Raw pixel values are scaled by this to [0, 1] ...

@@ -83,6 +83,66 @@ def test_a_pairing_by_per_replica_row_differs_across_replica_counts(small_config
     assert differing > 0.9 * len(one)
 
 
+def _cutmix_steps(drawn: dict, steps: int) -> list[bool]:
+    """Per step of `_mixed_batches`' result: whether CutMix mixed it. CutMix's target weights are shares of the 64
+    pixels of a digit (multiples of 1/64); mixup's lambda is continuous (never all 32 rows on that grid)."""
+    kinds = []
+    for step in range(steps):
+        weights = np.stack([drawn[position][1] for position in range(step * DIGITS_BATCH, (step + 1) * DIGITS_BATCH)])
+        kinds.append(bool(np.allclose(weights * 64, np.round(weights * 64), atol=1e-4)))
+    return kinds
+
+
+@pytest.mark.slow
+def test_mixup_and_cutmix_switch_per_batch_the_same_at_1_2_and_4_replicas(small_config):
+    """['randaugment', 'mixup', 'cutmix']: each global batch is mixed by one of the two (all its rows alike), both
+    occur, the choice is the hash of (SEED, step) that MixupOrCutmix.cutmix_drawn gives, and every example's image
+    and target is the same bit for bit at 1, 2 and 4 replicas."""
+    names, steps = ("randaugment", "mixup", "cutmix"), 6
+    reference = _mixed_batches(small_config, names, 1, steps=steps)
+    kinds = _cutmix_steps(reference, steps)
+    switch = mixing.mixup_or_cutmix()
+    assert kinds == [bool(switch.cutmix_drawn(tf.constant([step * DIGITS_BATCH], tf.int64), seed=0,
+                                              global_batch_size=DIGITS_BATCH)) for step in range(steps)]
+    assert any(kinds) and not all(kinds), kinds
+    for replicas in (2, 4):
+        other = _mixed_batches(small_config, names, replicas, steps=steps)
+        for position, (image, target) in reference.items():
+            np.testing.assert_array_equal(other[position][0], image, err_msg=f"{replicas} replicas, {position}")
+            np.testing.assert_array_equal(other[position][1], target, err_msg=f"{replicas} replicas, {position}")
+
+
+@pytest.mark.slow
+def test_a_switch_keyed_per_replica_differs_across_replica_counts(small_config, monkeypatch):
+    """Negative control: a choice keyed by each replica's own first position (not the step) picks differently on
+    the replicas of one step, and the comparison above sees it."""
+    def per_replica(self, positions, *, seed, global_batch_size):
+        draw = mixing.hashed_uniforms(mixing.keys_from_positions(seed + mixing.SWITCH_SALT, positions[:1]), 1)
+        return draw[0, 0] < self.cutmix_probability
+
+    monkeypatch.setattr(mixing.MixupOrCutmix, "cutmix_drawn", per_replica)
+    one = _mixed_batches(small_config, ("mixup", "cutmix"), 1, steps=4)
+    four = _mixed_batches(small_config, ("mixup", "cutmix"), 4, steps=4)
+    assert any(not np.array_equal(one[position][1], four[position][1]) for position in one)
+
+
+@pytest.mark.parametrize("probability", [0.0, 0.25, 0.5, 1.0])
+def test_the_share_of_cutmix_batches_is_the_probability(probability):
+    """4,000 steps: the share of CutMix steps within 0.03 of cutmix_probability (4 binomial sd at 0.5; the draws are
+    a fixed function of (SEED, step), so this cannot flake); 0 and 1 exactly. Different SEEDs choose differently."""
+    switch = mixing.mixup_or_cutmix(cutmix_probability=probability)
+
+    def drawn(seed):
+        return tf.function(lambda: tf.map_fn(
+            lambda step: switch.cutmix_drawn(step[tf.newaxis] * 64, seed=seed, global_batch_size=64),
+            tf.range(4000, dtype=tf.int64), fn_output_signature=tf.bool))()
+
+    first, second = drawn(0).numpy(), drawn(1).numpy()
+    assert abs(first.mean() - probability) < (0.03 if 0 < probability < 1 else 1e-12)
+    if 0 < probability < 1:
+        assert (first != second).mean() > 0.2
+
+
 def test_mixed_images_and_targets_against_numpy():
     """mixup: x = w x_own + (1 - w) x_partner with the target weights w >= 1/2; CutMix: the share of pixels taken
     from the partner is the partner's target weight, exactly. Partners are rows 2k, 2k + 1 (positions p, p XOR 1)."""
@@ -183,8 +243,8 @@ def test_randaugment_and_mixing_compile_with_xla():
 
 def test_refusals_name_the_setting_and_the_fix(small_config):
     task = Trainer(small_config(), tf.distribute.get_strategy()).task
-    cases = {("blur",): "known: flip_and_crop, randaugment, mixup, cutmix",
-             ("mixup", "cutmix"): "choose one", ("mixup", "mixup"): "twice"}
+    cases = {("blur",): "Known augmentations: cutmix, flip_and_crop, mixup, randaugment",
+             ("Mixup",): r"entry 'Mixup' \(did you mean 'mixup'\?\)", ("mixup", "mixup"): "twice"}
     for names, phrase in cases.items():
         with pytest.raises(ConfigError, match=phrase):
             augmentation.resolve(names, task, dataset="digits", rows_per_batch=8)
@@ -195,19 +255,56 @@ def test_refusals_name_the_setting_and_the_fix(small_config):
         augmentation.randaugment(magnitude=11)
     with pytest.raises(ConfigError, match="mixup.alpha=0"):
         mixing.mixup(alpha=0)
-    with pytest.raises(ConfigError, match="is for image classification; DATASET='breast_cancer'"):
-        Trainer(small_config(dataset="breast_cancer", augmentation=("mixup",)), tf.distribute.get_strategy())
+    assert isinstance(augmentation.resolve(("mixup", "cutmix"), task, dataset="digits", rows_per_batch=8)[1],
+                      mixing.MixupOrCutmix)  # Both: one per batch (below), no longer refused.
+    with pytest.raises(ConfigError, match=r"mixup_or_cutmix.cutmix_probability=1.5 must be a number in \[0, 1\]"):
+        mixing.mixup_or_cutmix(cutmix_probability=1.5)
+
+
+@pytest.mark.parametrize("dataset", ["breast_cancer", "synthetic_reviews"])
+def test_augmentation_of_a_task_that_takes_none_is_refused_before_the_dataset_is_prepared(small_config, tmp_path,
+                                                                                         dataset):
+    """Asked of the registered task (tasks/ `augmentations`) before builders.load_builder: the empty DATA_DIR stays
+    empty. Negative control: the same DATA_DIR without the setting gets the dataset prepared in it."""
+    data_dir = tmp_path / "tfds"
+    data_dir.mkdir()
+    config = small_config(dataset=dataset, data_dir=str(data_dir), augmentation=("randaugment", "mixup"))
+    with pytest.raises(ConfigError) as error:
+        Trainer(config, tf.distribute.get_strategy())
+    assert (f"experiment.augmentation=['randaugment', 'mixup']: DATASET='{dataset}' is a "
+            f"{'TabularClassification' if dataset == 'breast_cancer' else 'TextClassification'} task, which takes none"
+            in str(error.value)) and "Remove 'randaugment', 'mixup' (or set experiment.augmentation=[])" \
+        in str(error.value)
+    assert not list(data_dir.iterdir())  # Nothing prepared.
+    from data import builders
+    from data.registry import get_dataset_spec
+
+    spec = get_dataset_spec(dataset)
+    assert augmentation.check([], spec.task, dataset=dataset) == ()  # [] (none) is fine for any task.
+    builders.load_builder(spec, str(data_dir))
+    assert list(data_dir.iterdir())  # The control: this is where preparing writes.
+
+
+def test_every_name_a_task_takes_is_a_registered_augmentation():
+    """tasks/ say which names they take; each is one training/augmentation.py resolves (image classification: all)."""
+    from tasks.base import Task
+    from tasks.image_classification import ImageClassification
+
+    kinds = {ImageClassification, *Task.__subclasses__()}
+    assert all(set(kind.augmentations) <= set(augmentation.AUGMENTATIONS) for kind in kinds)
+    assert set(ImageClassification.augmentations) == set(augmentation.AUGMENTATIONS)
 
 
 def test_an_unknown_name_exits_2_before_training(data_dir):
     result = run_train_py("--gin_param=experiment.augmentation=['mixup', 'blur']", "--gin_param=TRAIN_STEPS=10",
                           "--model_dir=/nonexistent/never_written")
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "'blur'" in result.stderr and "known: flip_and_crop, randaugment, mixup, cutmix" in result.stderr
+    assert "'blur'" in result.stderr and "Known augmentations: cutmix, flip_and_crop, mixup, randaugment" \
+        in result.stderr
 
 
 # Constant rate (the shipped peak): a cosine schedule depends on TRAIN_STEPS, which the first segment sets to 10.
-RESUME = ["--gin_param=experiment.augmentation=['randaugment', 'cutmix']", "--gin_param=STEPS_PER_LOOP=5",
+RESUME = ["--gin_param=experiment.augmentation=['randaugment', 'mixup', 'cutmix']", "--gin_param=STEPS_PER_LOOP=5",
           "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=EVAL_EVERY=0",
           f"--gin_param=GLOBAL_BATCH_SIZE={DIGITS_BATCH}",
           "--gin_param=experiment.lr_schedule='constant'", "--gin_param=LEARNING_RATE=0.05"]
@@ -215,8 +312,13 @@ RESUME = ["--gin_param=experiment.augmentation=['randaugment', 'cutmix']", "--gi
 
 @pytest.mark.slow
 def test_resume_continues_the_augmented_run_bit_for_bit(tmp_path, data_dir):
-    """20 steps straight vs 10 + resume + 10, RandAugment and CutMix on (the shipped CNN's peak learning rate):
-    every weight and optimizer slot equal bit for bit. Control: another SEED differs."""
+    """20 steps straight vs 10 + resume + 10, RandAugment and mixup or CutMix per batch on (the shipped CNN's peak
+    learning rate; both kinds are drawn in each half): every weight and optimizer slot equal bit for bit. Control:
+    another SEED differs."""
+    switch = mixing.mixup_or_cutmix()
+    kinds = [bool(switch.cutmix_drawn(tf.constant([step * DIGITS_BATCH], tf.int64), seed=0,
+                                      global_batch_size=DIGITS_BATCH)) for step in range(20)]
+    assert len(set(kinds[:10])) == len(set(kinds[10:])) == 2, kinds
     straight, interrupted, reseeded = (str(tmp_path / name) for name in ("straight", "interrupted", "reseeded"))
     for args in ((f"--model_dir={straight}", "--gin_param=TRAIN_STEPS=20"),
                  (f"--model_dir={interrupted}", "--gin_param=TRAIN_STEPS=10"),

@@ -12,7 +12,8 @@ DIGITS = "configs/experiments/digits_mlp.gin"
 
 @pytest.mark.parametrize("gin_params, expected", [
     (["STRATEGY='tpu_v9'"], "Unknown STRATEGY='tpu_v9'"),
-    (["MODEL='resnet9000'"], "Unknown MODEL='resnet9000'. Known models: cnn, keras_application, mlp"),
+    (["MODEL='resnet9000'"], "Unknown MODEL='resnet9000' (did you mean 'resnet'?). Known models: cnn, "
+                                "keras_application, mlp"),
     (["DATASET='imagenet21k'"], "Unknown DATASET='imagenet21k'"),
     (["STRATEGY='mirrored'", "VIRTUAL_DEVICES=3", "GLOBAL_BATCH_SIZE=64"],
      "GLOBAL_BATCH_SIZE=64 does not divide by the 3 replicas of this strategy. Use a multiple of 3, e.g. 63 or 66"),
@@ -64,6 +65,58 @@ def test_bad_config_exits_2_with_a_clear_message(gin_params, expected, tmp_path,
     assert train.main(args) == 2
     assert expected in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "checkpoints")  # Nothing started.
+
+
+@pytest.mark.parametrize("gin_param, expected", [
+    ("experiment.optimizer='LARS'", "Unknown experiment.optimizer='LARS' (did you mean 'lars'?). Known optimizers: "
+                                    "adam, adamw, lamb, lars, sgd."),
+    ("experiment.optimizer='adamw '", "Unknown experiment.optimizer='adamw ' (did you mean 'adamw'?)."),
+    ("experiment.optimizer='sgdd'", "Unknown experiment.optimizer='sgdd' (did you mean 'sgd'?)."),
+    ("MODEL='CNN'", "Unknown MODEL='CNN' (did you mean 'cnn'?). Known models:"),
+    ("experiment.jit_compile=True", "experiment.jit_compile=True is not one of 'off', 'on', 'auto'; did you mean "
+                                    "--gin_param=\"experiment.jit_compile='on'\"?"),
+    ("experiment.jit_compile=False", "did you mean --gin_param=\"experiment.jit_compile='off'\"?"),
+    ("PRECISION='Float64'", "did you mean --gin_param=\"PRECISION='float64'\"?"),
+    ("STRATEGY='Mirrored'", "Unknown STRATEGY='Mirrored' (did you mean 'mirrored'?)"),
+])
+def test_a_misspelt_name_gets_the_one_it_meant(gin_param, expected, tmp_path, capsys, data_dir):
+    assert train.main(["train.py", f"--gin_file={DIGITS}", f"--model_dir={tmp_path}", f"--gin_param={gin_param}"]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_every_registry_by_name_suggests_the_name_meant(data_dir):
+    """Models, datasets, losses, metrics, schedules, optimizers, observers and augmentations: another case, a stray
+    space or a typo gets "did you mean"; a name close to nothing gets none (the negative control)."""
+    from common.errors import ConfigError
+    from common.registry import lookup
+    from data.registry import get_dataset_spec
+    from models.registry import get_model_builder
+    from training import augmentation
+    from training.learning.losses import get_loss
+    from training.learning.metrics import make_metrics
+    from training.learning.optimizers import make_optimizer
+    from training.observers.standard import OBSERVERS
+
+    task = get_dataset_spec("digits").task
+    asks = {
+        "'MLP'": (lambda name: get_model_builder(name), "MLP", "mlp"),
+        "'Digits'": (lambda name: get_dataset_spec(name), "Digits", "digits"),
+        "'softmax_cross_entropy '": (lambda name: get_loss(name), "softmax_cross_entropy ", "softmax_cross_entropy"),
+        "'acuracy'": (lambda name: make_metrics([name], task), "acuracy", "accuracy"),
+        "'cosin'": (lambda name: make_optimizer("sgd", learning_rate=0.1, schedule=name, train_steps=10), "cosin",
+                    "cosine"),
+        "'Adam'": (lambda name: make_optimizer(name, learning_rate=0.1, schedule="constant", train_steps=10), "Adam",
+                   "adam"),
+        "'tensorbord'": (lambda name: lookup(OBSERVERS, name, named=f"observer {name!r}", known="observers",
+                                             where="training/observers/standard.py"), "tensorbord", "tensorboard"),
+        "'cut_mix'": (lambda name: augmentation.check([name], task, dataset="digits"), "cut_mix", "cutmix"),
+    }
+    for typed, (ask, name, meant) in asks.items():
+        with pytest.raises(ConfigError, match=rf"{typed} \(did you mean '{meant}'\?\)"):
+            ask(name)
+        with pytest.raises(ConfigError) as error:
+            ask("qqqq")
+        assert "did you mean" not in str(error.value) and "Unknown" in str(error.value)
 
 
 def test_missing_gin_file_exits_2(tmp_path, capsys):

@@ -93,7 +93,8 @@ def test_a_bad_value_is_a_config_error_naming_the_choices(small_config):
 def test_a_bad_value_exits_2_before_training(tmp_path, data_dir):
     result = run_train_py("--gin_param=experiment.jit_compile=True", f"--model_dir={tmp_path / 'run'}", timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "experiment.jit_compile=True is not one of 'off', 'on', 'auto'" in result.stderr
+    assert ("experiment.jit_compile=True is not one of 'off', 'on', 'auto'; did you mean "
+            "--gin_param=\"experiment.jit_compile='on'\"?") in result.stderr  # Not 'off', which True does not mean.
     assert not (tmp_path / "run").exists()
 
 

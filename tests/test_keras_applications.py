@@ -7,6 +7,7 @@ checked by tests/test_preflight.py (it runs every configs/tpu/*.gin); the replic
 """
 
 import json
+import logging
 import os
 import re
 
@@ -85,7 +86,10 @@ def test_the_shipped_configs_undo_their_datasets_standardisation():
         assert gin.query_parameter("keras_application.pixel_std") == task.std, path
 
 
-def test_weights_from_a_file_load_bit_for_bit(tmp_path):
+def test_weights_from_a_file_load_bit_for_bit_and_the_load_is_confirmed(tmp_path, caplog):
+    """Loaded bit for bit, and one line says what came from where: every variable of the backbone, its count and
+    values (as INIT_FROM's table does for a warm start). Negative control: no file, no line."""
+    caplog.set_level(logging.INFO, logger="models")
     saved = _random_backbone(seed=7)
     path = str(tmp_path / "backbone.weights.h5")
     saved.save_weights(path)
@@ -93,10 +97,16 @@ def test_weights_from_a_file_load_bit_for_bit(tmp_path):
     loaded = _backbone(keras_application(**DIGITS, **SMALL, weights_path=path)).get_weights()
     assert len(loaded) == len(saved.get_weights()) > 100
     assert all(np.array_equal(a, b) for a, b in zip(loaded, saved.get_weights(), strict=True))
-    # Negative control: without the file, the same build does not hold the saved weights.
+    values = sum(weight.size for weight in loaded)
+    assert [record.getMessage() for record in caplog.records if "weights_path" in record.getMessage()] == [
+        f"keras_application.weights_path: loaded the {len(loaded)} variables ({values:,} values) of the "
+        f"MobileNetV3Small backbone from {path}."]
+    # Negative control: without the file, the same build does not hold the saved weights, and says nothing of them.
+    caplog.clear()
     keras.utils.set_random_seed(8)
     fresh = _backbone(keras_application(**DIGITS, **SMALL)).get_weights()
     assert not all(np.array_equal(a, b) for a, b in zip(fresh, saved.get_weights(), strict=True))
+    assert "weights_path" not in caplog.text
 
 
 def test_weights_from_gs_load_too(tmp_path, gcs_bucket):
@@ -129,6 +139,8 @@ def test_trains_through_train_py_from_a_weights_file_and_a_mismatch_is_exit_2(tm
     run = run_train_py(f"--gin_file={CONFIG}", *SHORT, f"--gin_param=keras_application.weights_path='{path}'",
                        f"--model_dir={tmp_path / 'run'}")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "keras_application.weights_path: loaded the 206 variables (939,120 values) of the MobileNetV3Small " \
+        f"backbone from {path}." in run.stdout  # Confirmed on the run's output (the backbone at 32x32).
     metrics = json.load(open(tmp_path / "run" / "metrics.json"))
     assert metrics["step"] == 20 and np.isfinite(metrics["train"]["loss"]) and metrics["eval"]["loss"] > 0
     other = str(tmp_path / "mobilenet_v2.weights.h5")

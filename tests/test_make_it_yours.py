@@ -102,5 +102,6 @@ def test_the_guides_observer_writes_its_csv_without_an_edit_of_the_controller(da
     for row in rows[1:]:
         step, loss, _ = row.split(",")
         assert abs(float(loss) - train_losses[int(step)]) < 1e-6
-    with pytest.raises(ConfigError, match=r"Unknown experiment.observers entry 'loss_cvs'. Known observers: .*csv"):
+    with pytest.raises(ConfigError, match=r"Unknown experiment.observers entry 'loss_cvs' \(did you mean "
+                                          r"'loss_csv'\?\)\. Known observers: .*csv"):
         _train(tmp_path / "other", "experiment.observers=['loss_cvs']")

@@ -91,6 +91,10 @@ CASES = {
     # Augmentation keyed by example (training/augmentation.py): RandAugment per example and mixup in the step, as
     # shipped; mixup's soft targets through softmax_cross_entropy.
     "digits-cnn-randaugment-mixup": ("configs/experiments/digits_cnn_augmented.gin", (), [1, 2, 4]),
+    # Both batch mixings: mixup or CutMix per step, drawn from (SEED, step) (training/learning/mixing.py).
+    "digits-cnn-randaugment-mixup-or-cutmix": ("configs/experiments/digits_cnn_augmented.gin",
+                                               ("experiment.augmentation=['randaugment', 'mixup', 'cutmix']",),
+                                               [1, 2, 4]),
 }
 
 
@@ -305,3 +309,91 @@ def test_a_deep_network_agrees_to_1e_9_before_its_rounding_grows(data_dir):
     runs, probe = replica_invariance.measure(config, [1, 2], steps=5)
     passed, table = replica_invariance.report(runs, probe)
     assert passed, table
+
+
+def _with_a_hazard(hazard: str):
+    """A model builder like mlp's whose hidden block (a nested model named 'block') has `hazard`: a BatchNormalization
+    that ignores synchronized_batch_norm, or a plain keras.layers.Dropout."""
+    def builder(input_shape, num_classes, *, dropout_rate=0.0, synchronized_batch_norm=False, kernel_l2=0.0):
+        del dropout_rate, synchronized_batch_norm  # What the hazard ignores.
+        regularizer = keras.regularizers.L2(kernel_l2) if kernel_l2 else None
+        hidden = keras.Input(shape=(32,))
+        layer = (keras.layers.BatchNormalization(name="bn") if hazard == "batch_norm"
+                 else keras.layers.Dropout(0.3, name="plain_dropout"))
+        block = keras.Model(hidden, layer(keras.layers.ReLU()(hidden)), name="block")
+        inputs = keras.Input(shape=input_shape)
+        x = keras.layers.Dense(32, kernel_regularizer=regularizer)(keras.layers.Flatten()(inputs))
+        return keras.Model(inputs, keras.layers.Dense(num_classes, dtype=keras.config.dtype_policy().compute_dtype,
+                                                      name="logits")(block(x)))
+
+    return builder
+
+
+@pytest.mark.parametrize("hazard, header, finding", [
+    ("batch_norm", "1 BatchNormalization layer, 1 NOT synchronized; no dropout",
+     "  - block/bn: BatchNormalization not synchronized: each replica normalises with its own part of the batch. "
+     "Fix: build it with keras.layers.BatchNormalization(synchronized=synchronized_batch_norm)"),
+    ("dropout", "no BatchNormalization; 1 random layer NOT keyed by example",
+     "  - block/plain_dropout: keras.layers.Dropout draws from a seed state that every replica holds a copy of, not "
+     "from the example, so its draws depend on the replica count. Fix: use models.layers.StatelessDropout(rate, "
+     "salt=N)"),
+])
+def test_a_fail_names_the_layer_that_breaks_invariance_and_its_fix(data_dir, monkeypatch, capsys, hazard, header,
+                                                                   finding):
+    """The header says what the built model has (not "synchronized BatchNormalization" when it is not), and the FAIL
+    names the layer by its path, with the fix, before the generic causes."""
+    monkeypatch.setitem(MODELS, "hazard", _with_a_hazard(hazard))
+    assert replica_invariance.main(["replica_invariance", f"--gin_file={MLP}", "--gin_param=MODEL='hazard'",
+                                    "--replicas=1,2", "--steps=3"]) == 1
+    output = capsys.readouterr().out
+    print(output)
+    assert output.splitlines()[0].startswith(f"float64, 3 steps; {header}; forced on: ")
+    assert "all synchronized" not in output and "FAIL" in output
+    lines = output.splitlines()
+    found = lines.index("The model has layers that break replica invariance (fix these first):")
+    assert lines[found + 1].startswith(finding) and lines[found + 2].startswith("Likely causes"), output
+
+
+def test_the_inspection_finds_seeded_random_layers_by_path_and_skips_harmless_ones():
+    """Nested paths; Dropout of rate 0 and GaussianNoise of stddev 0 draw nothing; RandomFlip's fix is keyed
+    augmentation; StatelessDropout is keyed. Negative control: synchronized BatchNormalization is no finding."""
+    from models.layers import StatelessDropout
+    from tools import replica_hazards
+
+    inputs = keras.Input(shape=(8, 8, 1))
+    inner_inputs = keras.Input(shape=(8, 8, 1))
+    inner = keras.Model(inner_inputs, keras.layers.GaussianNoise(0.1, name="noise")(
+        keras.layers.RandomFlip(name="flip")(inner_inputs)), name="augment")
+    x = keras.layers.BatchNormalization(synchronized=True, name="bn")(inner(inputs))
+    x = keras.layers.Dropout(0.0, name="off")(keras.layers.GaussianNoise(0.0, name="silent")(x))
+    x = StatelessDropout(0.2, salt=0, name="keyed")(keras.layers.Flatten()(x))
+    facts = replica_hazards.inspect(keras.Model(inputs, keras.layers.Dense(3)(x)))
+    assert [finding.split(":")[0] for finding in facts.findings] == ["augment/flip", "augment/noise"]
+    assert "Fix: augment in the input pipeline instead" in facts.findings[0]
+    assert "Fix: use models.layers.StatelessDropout" in facts.findings[1]
+    assert facts.batch_norm == [("bn", True)] and facts.keyed_dropout == ["keyed"]
+    assert facts.describe() == ("1 BatchNormalization layer, all synchronized; dropout keyed by example (1 layer); "
+                                "2 random layers NOT keyed by example")
+
+
+# One case per registered model (with its dropout where it has one): the negative control of the findings.
+INSPECTED_CASES = ("cnn-adam-dropout", "mlp-sgd-dropout", "resnet-sgd", "digits-mobilenet-v3-small",
+                   "synthetic-reviews-transformer-dropout")
+
+
+def test_the_shipped_models_have_nothing_that_breaks_invariance(data_dir):
+    """Every registered model, as the check builds it: no finding; its BatchNormalization all synchronized."""
+    from tools import replica_hazards
+
+    models = set()
+    for case in INSPECTED_CASES:
+        config_file, params, *_ = CASES[case]
+        config = _shipped(config_file, *params)
+        models.add(config.model)
+        trainer = replica_invariance._trainer(config, 1, {"synchronized_batch_norm": True},
+                                              experiment.bound_model_arguments)
+        facts = replica_hazards.inspect(trainer.model)
+        assert facts.findings == [], (case, facts.findings)
+        assert all(synchronized for _, synchronized in facts.batch_norm), case
+        assert bool(facts.keyed_dropout) == ("dropout" in case), (case, facts.keyed_dropout)
+    assert models == set(MODELS)  # A model you register is inspected too: add its case above.

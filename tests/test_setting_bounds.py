@@ -1,7 +1,7 @@
 """Settings at the edge of what the code can hold are refused with exit 2 and one `error:` line, not a traceback,
-an overflow or a silent fallback: step counts above int32, SEED above NumPy's range, a momentum of 1 or more, a gin
-file that is not UTF-8 text, an empty --model_dir or DATA_DIR, and a PROFILER_PORT that is out of range or taken.
-Each limit's largest allowed value is accepted (the negative controls)."""
+an overflow or a silent fallback: step counts (and ACCUMULATE_STEPS) above int32, SEED above NumPy's range, a momentum
+of 1 or more, a gin file that is not UTF-8 text, an empty --model_dir or DATA_DIR, and a PROFILER_PORT that is out
+of range or taken. Each limit's largest allowed value is accepted (the negative controls)."""
 
 import os
 import socket
@@ -40,6 +40,25 @@ def test_step_settings_are_bounded_by_int32(name):
         in str(error.value)
     assert "e.g. --gin_param=" in str(error.value)
     config(**{"train_steps": MAX_STEPS, name: MAX_STEPS})  # The limit itself is fine.
+
+
+def test_accumulate_steps_is_bounded_by_int32_and_by_the_batch():
+    """ACCUMULATE_STEPS counts micro-batches in an int32 loop, and each micro-batch needs an example: above either
+    bound the message names ACCUMULATE_STEPS and a divisor of the batch, never a GLOBAL_BATCH_SIZE of 2**31.
+    Negative controls: the largest k the batch allows (k = GLOBAL_BATCH_SIZE) and MAX_STEPS with a batch that big."""
+    with pytest.raises(ConfigError) as error:
+        config(accumulate_steps=MAX_STEPS + 1, global_batch_size=128)
+    assert str(error.value) == ("ACCUMULATE_STEPS=2147483648 is above the limit 2147483647 (2**31 - 1: the micro-batch "
+                                'loop counts in int32 on the device); e.g. --gin_param="ACCUMULATE_STEPS=1".')
+    for too_many in (MAX_STEPS, 256):
+        with pytest.raises(ConfigError) as error:
+            config(accumulate_steps=too_many, global_batch_size=128)
+        assert str(error.value) == (f"ACCUMULATE_STEPS={too_many} is more than GLOBAL_BATCH_SIZE=128, the examples of "
+                                    "one step: each of its micro-batches needs at least one. Use a divisor of 128 "
+                                    "(each micro-batch holds GLOBAL_BATCH_SIZE / ACCUMULATE_STEPS examples), e.g. "
+                                    '--gin_param="ACCUMULATE_STEPS=2".')
+    assert config(accumulate_steps=128, global_batch_size=128).accumulate_steps == 128
+    assert config(accumulate_steps=MAX_STEPS, global_batch_size=MAX_STEPS, train_steps=1).accumulate_steps == MAX_STEPS
 
 
 def test_profile_steps_are_bounded_by_int32():
@@ -109,6 +128,7 @@ def run_main(tmp_path, *args: str) -> int:
 @pytest.mark.parametrize("gin_param, expected", [
     ("TRAIN_STEPS=18446744073709551616", "TRAIN_STEPS=18446744073709551616 is above the limit 2147483647"),
     ("STEPS_PER_LOOP=2147483648", "STEPS_PER_LOOP=2147483648 is above the limit 2147483647"),
+    ("ACCUMULATE_STEPS=2147483648", "ACCUMULATE_STEPS=2147483648 is above the limit 2147483647"),
     ("SEED=4294967296", "SEED=4294967296 is above the limit 4294967295"),
     ("DATA_DIR=''", "DATA_DIR='' is empty"),
     ("PROFILER_PORT=70000", "PROFILER_PORT=70000 is above the limit 65535"),

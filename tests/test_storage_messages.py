@@ -32,3 +32,33 @@ def test_storage_errors_name_the_cause():
 
     assert cause(exceptions.Forbidden("denied")) == "permission denied (403)"
     assert cause(ValueError("ckpt-403.index: something else")) is None  # Negative control: no invented cause.
+
+
+def test_a_bucket_that_does_not_answer_at_start_up_is_reported_with_the_seconds_really_waited(gcs_persistent):
+    """The loopback GCS server stopped (connections refused), the start-up bucket check with a 6 s bound: its
+    retries stop when the next back-off would cross the bound, before 6 s. The message states the time waited
+    (within 0.5 s of what the test measured) and the bound apart. Control: the server back, the check passes."""
+    import re
+
+    import pytest
+
+    from common.errors import StorageError
+    from gcs.bucket_checks import check_gcs_paths
+
+    gcs = gcs_persistent  # Its buckets survive the restart (the control below).
+    model_dir = f"gs://{gcs.new_bucket()}/run"
+    gcs.stop_server()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageError) as error:
+            check_gcs_paths({"model_dir": model_dir}, timeout_seconds=6)
+        elapsed = time.monotonic() - started
+    finally:
+        gcs.restart_server()
+    message = str(error.value)
+    print(message, f"(measured {elapsed:.2f} s)")
+    said = re.search(r"did not answer in ([\d.]+) s of retries \(bounded by experiment.storage_timeout_seconds=6; ",
+                     message)
+    assert said, message
+    assert abs(float(said.group(1)) - elapsed) <= 0.5 and elapsed < 6, (said.group(1), elapsed)
+    check_gcs_paths({"model_dir": model_dir}, timeout_seconds=6)

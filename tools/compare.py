@@ -11,7 +11,6 @@ not a run directory, its metrics.json is corrupt, or the plot cannot be drawn or
 """
 
 import argparse
-import os
 import re
 import sys
 
@@ -155,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                                                        "else eval/loss)")
     parser.add_argument("--plot", default=None, help="write a PNG of the eval curves to this path (local or gs://)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Before TensorFlow loads: no C++ INFO lines over the table.
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     try:
         runs = [Run(path) for path in args.runs]
     except (FileNotFoundError, ValueError) as error:

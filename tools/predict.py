@@ -82,7 +82,9 @@ def _read_metadata(export_dir: str) -> dict:
 
 def predict(export_dir: str, batch: dict) -> dict:
     """{output name: array [n, ...]} of the export's serving_default signature for `batch`, BATCH_SIZE at a time."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Before TensorFlow loads: no C++ INFO lines.
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     import tensorflow as tf
 
     serve = tf.saved_model.load(export_dir).signatures[metadata.SIGNATURE]

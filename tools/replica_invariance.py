@@ -12,8 +12,11 @@ rounding-level sign flip of one ReLU input (measured: 2.5e-3 in one step), in fl
 The probe turns on what the classic bugs need to show: an L2 kernel regularizer (unless the model has one) and a
 gradient clip at half the initial gradient norm (unless the config clips), so that an unscaled regularization loss
 and clipping before the cross-replica sum are caught like a wrong loss denominator and a double gradient sum.
-BatchNormalization is synchronized (per-replica batch statistics are a legitimate difference). Dropout stays as
-configured: masks are keyed by example (models/layers.py), the same at any replica count.
+The model is built with synchronized_batch_norm=True (per-replica batch statistics are a legitimate difference).
+Dropout stays as configured: masks are keyed by example (models/layers.py), the same at any replica count. The
+header says what is true of the model built (its BatchNormalization and dropout layers, tools/replica_hazards.py),
+and a FAIL names the layers that break invariance (an unsynchronized BatchNormalization, a keras.layers.Dropout),
+each with its fix, before the generic likely causes.
 
 Per tensor: max|a - b| / max(max|a|, 1% of the largest weight of the model); the worst tensor is the figure; it must
 be <= 1e-9, and the loss must agree to 1e-9 (relative). The floor keeps a tensor whose gradient is zero in exact math
@@ -34,13 +37,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:  # TensorFlow loads in the functions that need it, after main() has set its log level.
+    from tools.replica_hazards import ModelFacts
     from training.config import ExperimentConfig
     from training.trainer import Trainer
 
@@ -49,7 +52,7 @@ FLOOR_FRACTION = 1e-2  # Differences are measured against at least this fraction
 MIN_STEPS = 40
 PROBE_KERNEL_L2 = 1e-3
 PROBE_CLIP_FRACTION = 0.5  # Clip at half the initial gradient norm: clipping binds in the first steps.
-LIKELY_CAUSES = """Likely causes:
+LIKELY_CAUSES = """Likely causes (the step, the loss, the model):
   - the loss is divided by the per-replica batch, not the global one (a mean in the loss function, or another
     denominator than global_batch_size in training/learning/step.py): the loss column shows the replica count's factor;
   - gradients summed across replicas twice (Keras' implicit all-reduce in apply_gradients left on beside the step's);
@@ -81,6 +84,7 @@ class Probe:
     steps: int
     kernel_l2: float | None = None  # Forced L2 (None: the model's own, or off)
     clip_global_norm: float | None = None
+    model: ModelFacts | None = None  # What the built model has (tools/replica_hazards.py)
 
 
 def relative_difference(reference: np.ndarray, other: np.ndarray, floor: float = 0.0) -> float:
@@ -99,6 +103,7 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
     """Trains `config` for `steps` steps at each replica count (and, with `accumulate`, at each ACCUMULATE_STEPS of
     it for each replica count); returns the runs (compared to the first) and the probe's settings.
     `bound_arguments`: as the Trainer takes it (the model arguments gin binds; None: nothing bound)."""
+    from tools import replica_hazards
     from tpu_utils.strategy import configure_virtual_cpus
 
     configure_virtual_cpus(max(replica_counts))
@@ -111,6 +116,7 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
     if force_regularization and not reference.model.losses:
         probe.kernel_l2 = options["kernel_l2"] = PROBE_KERNEL_L2
         reference = _trainer(config, replica_counts[0], options, bound_arguments)
+    probe.model = replica_hazards.inspect(reference.model)
     initial_weights = reference.model.get_weights()
     if force_clipping and config.clip_global_norm is None:
         probe.clip_global_norm = PROBE_CLIP_FRACTION * initial_gradient_norm(reference)
@@ -183,8 +189,8 @@ def report(runs: list[ReplicaRun], probe: Probe | None = None, tolerance: float 
         forced = [f"kernel L2 {probe.kernel_l2:g}" if probe.kernel_l2 else "",
                   f"clip_global_norm {probe.clip_global_norm:.4g}" if probe.clip_global_norm else ""]
         forced = ", ".join(item for item in forced if item)
-        lines.append(f"{probe.precision}, {probe.steps} steps, synchronized BatchNormalization"
-                     f"{'; forced on: ' + forced if forced else ''}")
+        model = f"; {probe.model.describe()}" if probe.model else ""
+        lines.append(f"{probe.precision}, {probe.steps} steps{model}{'; forced on: ' + forced if forced else ''}")
     lines.append(f"{'replicas':>8}  {'k':>2}  {'loss':>12}  {'loss diff':>9}  {'worst weight diff':>17}  "
                  "worst tensor")
     for run in runs:
@@ -198,6 +204,10 @@ def report(runs: list[ReplicaRun], probe: Probe | None = None, tolerance: float 
     else:
         lines.append(f"FAIL: weights or loss differ by more than {tolerance:g} across replica counts"
                      f"{' and ACCUMULATE_STEPS' if several_k else ''}.")
+        findings = probe.model.findings if probe is not None and probe.model else []
+        if findings:
+            lines.append("The model has layers that break replica invariance (fix these first):")
+            lines.extend(f"  - {finding}" for finding in findings)
         lines.append(LIKELY_CAUSES)
     return passed, "\n".join(lines)
 
@@ -227,7 +237,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
     args = parser.parse_args(argv[1:])
     logging.basicConfig(level=logging.WARNING)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Before TensorFlow loads: float64 kernels log warnings.
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
 
     from common.errors import EXIT_CONFIG_ERROR, ConfigError, user_message
     from training import config_files, experiment  # The gin handling of train.py: configs read as training does.

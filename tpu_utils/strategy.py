@@ -9,6 +9,7 @@ import os
 import tensorflow as tf
 
 from common.errors import ConfigError
+from common.registry import meant_name
 from tpu_utils.deadline import exit_if_stuck
 from tpu_utils.tpu import facts as tpu_facts
 
@@ -26,8 +27,10 @@ def make_strategy(name: str, *, virtual_devices: int = 0, tpu: str = "local",
       startup_timeout_seconds: how long to wait for the other workers of TF_CONFIG, or a TPU, before exiting.
     """
     if name not in STRATEGY_NAMES:
-        raise ConfigError(f"Unknown STRATEGY={name!r}. Expected one of {', '.join(map(repr, STRATEGY_NAMES))}; "
-                          f"set it with --gin_param=\"STRATEGY='mirrored'\".")
+        meant = meant_name(name, STRATEGY_NAMES)
+        raise ConfigError(f"Unknown STRATEGY={name!r}{f' (did you mean {meant!r}?)' if meant else ''}. Expected "
+                          f"one of {', '.join(map(repr, STRATEGY_NAMES))}; set it with "
+                          "--gin_param=\"STRATEGY='mirrored'\".")
     if not isinstance(virtual_devices, int) or isinstance(virtual_devices, bool) or virtual_devices < 0:
         raise ConfigError(f"VIRTUAL_DEVICES={virtual_devices!r} must be an int >= 0 (0 = off).")
     if name == "auto":

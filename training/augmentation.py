@@ -4,10 +4,12 @@
 
 Per-example ones run where the task prepares a training example, in the order listed ('flip_and_crop': CIFAR-10's
 flip and crop at any size, tasks/image_classification.py; 'randaugment': tasks/randaugment.py); each gets its own
-stream of the example's seed (SEED, position). At most one batch one ('mixup' or 'cutmix':
-training/learning/mixing.py) runs in the training step on the device, pairing rows 2k and 2k + 1. None (the default)
-keeps the dataset's own augmentation (CIFAR-10: flip-and-crop, data/registry.py); [] turns it off. Image
-classification tasks only. Evaluation never augments and scores the hard labels.
+stream of the example's seed (SEED, position). Batch ones ('mixup', 'cutmix': training/learning/mixing.py) run in the
+training step on the device, pairing rows 2k and 2k + 1; naming both switches between them per batch (CutMix with
+probability mixup_or_cutmix.cutmix_probability, 0.5), as timm and DeiT do. None (the default) keeps the dataset's own
+augmentation (CIFAR-10: flip-and-crop, data/registry.py); [] turns it off. Which names a task takes is the task's
+own `augmentations` (tasks/base.py; image classification takes all four), asked by `check` before the dataset is
+prepared. Evaluation never augments and scores the hard labels.
 """
 
 import dataclasses
@@ -15,13 +17,15 @@ import dataclasses
 import tensorflow as tf
 
 from common.errors import ConfigError
+from common.registry import lookup
 from tasks.image_classification import ImageClassification, flip_and_crop
 from tasks.randaugment import randaugment
-from training.learning.mixing import Mixing, cutmix, mixup
+from training.learning.mixing import cutmix, mixup, mixup_or_cutmix
 
 PER_EXAMPLE = ("flip_and_crop", "randaugment")
 PER_BATCH = {"mixup": mixup, "cutmix": cutmix}
-NAMES = (*PER_EXAMPLE, *PER_BATCH)
+# By name, for the lookup (common/registry.py): what each is.
+AUGMENTATIONS = {**{name: "per example" for name in PER_EXAMPLE}, **{name: "per batch" for name in PER_BATCH}}
 
 
 def on_unit_pixels(augment, task: ImageClassification):
@@ -51,33 +55,45 @@ def chain(augments: list):
     return chained
 
 
-def resolve(names, task, *, dataset: str, rows_per_batch: int) -> tuple[object, Mixing | None]:
-    """(the task with its per-example augmentation set, the step's Mixing or None) for `names`; ConfigErrors for an
-    unknown name, a non-image task, two batch mixings, or an odd per-replica (micro-)batch `rows_per_batch`."""
+def check(names, task, *, dataset: str) -> tuple[str, ...] | None:
+    """`names` as a tuple (None: the dataset's own); ConfigErrors for a value that is not a list of names, an unknown
+    or repeated name, or one the task does not take (`task.augmentations`). Needs only the registered task, so the
+    Trainer asks it before the dataset is prepared."""
     if names is None:
-        return task, None
+        return None
     if isinstance(names, str) or not all(isinstance(name, str) for name in names):
         raise ConfigError(f"experiment.augmentation={names!r} must be a list of names, e.g. "
                           "--gin_param=\"experiment.augmentation=['randaugment', 'mixup']\".")
-    unknown = [name for name in names if name not in NAMES]
-    if unknown:
-        raise ConfigError(f"experiment.augmentation names {unknown}, which is not known; known: "
-                          f"{', '.join(NAMES)} (training/augmentation.py).")
+    for name in names:
+        lookup(AUGMENTATIONS, name, named=f"experiment.augmentation entry {name!r}", known="augmentations",
+               where="training/augmentation.py")
     if len(set(names)) != len(names):
         raise ConfigError(f"experiment.augmentation={list(names)} names one augmentation twice; list each once.")
-    if names and not isinstance(task, ImageClassification):
-        raise ConfigError(f"experiment.augmentation={list(names)} is for image classification; DATASET="
-                          f"{dataset!r} is a {type(task).__name__} task. Remove the setting (or set it to []).")
+    refused = [name for name in names if name not in task.augmentations]
+    if refused:
+        takes = f"takes {', '.join(task.augmentations)}" if task.augmentations else "takes none"
+        raise ConfigError(f"experiment.augmentation={list(names)}: DATASET={dataset!r} is a {type(task).__name__} "
+                          f"task, which {takes} (tasks/, its `augmentations`). Remove {', '.join(map(repr, refused))}"
+                          " (or set experiment.augmentation=[]).")
+    return tuple(names)
+
+
+def resolve(names, task, *, dataset: str, rows_per_batch: int) -> tuple[object, object]:
+    """(the task with its per-example augmentation set, the step's mixing or None) for `names`: `check`'s
+    ConfigErrors, and one for an odd per-replica (micro-)batch `rows_per_batch` when a batch augmentation pairs rows."""
+    names = check(names, task, dataset=dataset)
+    if names is None:
+        return task, None
     batch_names = [name for name in names if name in PER_BATCH]
-    if len(batch_names) > 1:
-        raise ConfigError(f"experiment.augmentation={list(names)} names {' and '.join(batch_names)}; choose one "
-                          "(each pairs the same rows).")
     if batch_names and rows_per_batch % 2:
-        raise ConfigError(f"experiment.augmentation={batch_names[0]!r} mixes rows 2k and 2k + 1 of each "
-                          f"per-replica batch, which has an odd {rows_per_batch} rows (GLOBAL_BATCH_SIZE / replicas"
-                          " / ACCUMULATE_STEPS). Use a GLOBAL_BATCH_SIZE that gives an even number per replica.")
+        raise ConfigError(f"experiment.augmentation={' and '.join(map(repr, batch_names))} mixes rows 2k and 2k + 1 "
+                          f"of each per-replica batch, which has an odd {rows_per_batch} rows (GLOBAL_BATCH_SIZE / "
+                          "replicas / ACCUMULATE_STEPS). Use a GLOBAL_BATCH_SIZE that gives an even number per "
+                          "replica.")
     makers = {"flip_and_crop": lambda: flip_and_crop,
               "randaugment": lambda: on_unit_pixels(randaugment(), task)}
     augments = [makers[name]() for name in names if name in PER_EXAMPLE]
     task = dataclasses.replace(task, augment=chain(augments) if augments else None)
+    if len(batch_names) == 2:  # Both: one of them per batch (training/learning/mixing.py MixupOrCutmix).
+        return task, mixup_or_cutmix()
     return task, PER_BATCH[batch_names[0]]() if batch_names else None

@@ -9,6 +9,7 @@ import dataclasses
 import math
 
 from common.errors import ConfigError
+from common.registry import meant_name
 from training.run_directory.storage_guard import DEFAULT_TIMEOUT_SECONDS
 from training.variable_selection import check_patterns
 
@@ -126,14 +127,15 @@ class ExperimentConfig:
             raise ConfigError(f"BEST_METRIC={self.best_metric!r} must name an evaluation metric, e.g. "
                               f"{how_to_set('best_metric', 'eval/accuracy')} or 'eval/loss'.")
         object.__setattr__(self, "profile_steps", check_profile_steps(self.profile_steps))
-        for name in ("global_batch_size", "accumulate_steps", "checkpoints_to_keep", "startup_timeout_seconds",
-                     "storage_timeout_seconds"):
+        for name in ("global_batch_size", "checkpoints_to_keep", "startup_timeout_seconds", "storage_timeout_seconds"):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("virtual_devices", "target_replicas"):
             _require_int(name, getattr(self, name), minimum=0)
         for name, minimum in (("train_steps", 1), ("steps_per_loop", 1), ("checkpoint_every", 0), ("eval_every", 0)):
             _require_int(name, getattr(self, name), minimum=minimum, maximum=MAX_STEPS,
                          why="2**31 - 1: step counts are int32 on the device")
+        _require_int("accumulate_steps", self.accumulate_steps, minimum=1, maximum=MAX_STEPS,
+                     why="2**31 - 1: the micro-batch loop counts in int32 on the device")
         _require_int("early_stop_patience", self.early_stop_patience, minimum=0)
         if self.early_stop_patience:
             if not self.best_metric:
@@ -149,6 +151,13 @@ class ExperimentConfig:
         _require_int("seed", self.seed, minimum=0, maximum=MAX_SEED, why="2**32 - 1: NumPy's seed range")
         _require_int("profiler_port", self.profiler_port, minimum=0, maximum=MAX_PORT,
                      why="the largest TCP port; 0 = off")
+        if self.accumulate_steps > self.global_batch_size:  # Suggest a divisor, not a GLOBAL_BATCH_SIZE of k.
+            divisor = next((k for k in range(2, self.global_batch_size + 1) if self.global_batch_size % k == 0), 1)
+            raise ConfigError(f"ACCUMULATE_STEPS={self.accumulate_steps} is more than GLOBAL_BATCH_SIZE="
+                              f"{self.global_batch_size}, the examples of one step: each of its micro-batches needs at "
+                              f"least one. Use a divisor of {self.global_batch_size} (each micro-batch holds "
+                              f"GLOBAL_BATCH_SIZE / ACCUMULATE_STEPS examples), e.g. "
+                              f"{how_to_set('accumulate_steps', divisor)}.")
         if self.global_batch_size % self.accumulate_steps:
             nearest = _nearest_multiple(self.global_batch_size, self.accumulate_steps)
             raise ConfigError(f"GLOBAL_BATCH_SIZE={self.global_batch_size} does not divide by ACCUMULATE_STEPS="
@@ -195,9 +204,11 @@ class ExperimentConfig:
             self.export_tflite_image_size, how_to_set("export_tflite_image_size", (224, 224))))
         for name, choices in (("train_data_on_device", TRAIN_DATA_ON_DEVICE), ("precision", PRECISIONS),
                               ("jit_compile", JIT_COMPILE)):
-            if getattr(self, name) not in choices:
+            if getattr(self, name) not in choices:  # True for 'on', 'Float32', 'autp': the one meant, if any.
+                meant = meant_name(getattr(self, name), choices)
                 raise ConfigError(f"{setting(name)}={getattr(self, name)!r} is not one of "
-                                  f"{', '.join(map(repr, choices))}; e.g. {how_to_set(name, choices[0])}.")
+                                  f"{', '.join(map(repr, choices))}; {'did you mean' if meant else 'e.g.'} "
+                                  f"{how_to_set(name, meant or choices[0])}{'?' if meant else '.'}")
 
     def _check_warm_start(self) -> None:
         """INIT_FROM and the variable patterns: strings, patterns only with a source to load (before any build)."""

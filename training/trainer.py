@@ -58,6 +58,8 @@ class Trainer:
         config.check_replicas(strategy.num_replicas_in_sync, training=training)
         spec = get_dataset_spec(config.dataset, config.data_dir)
         model_builder = get_model_builder(config.model)
+        # Asked of the registered task, before the dataset is prepared (minutes for a large one).
+        augmentation.check(config.augmentation, spec.task, dataset=config.dataset)
         self.builder = builders.load_builder(spec, config.data_dir)  # The TFDS builder, prepared in DATA_DIR.
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
         self.dataset_spec = bind_task(spec, self.builder, dataset=config.dataset)
@@ -67,7 +69,8 @@ class Trainer:
                                             rows_per_batch=rows)
         self.dataset_spec = dataclasses.replace(self.dataset_spec, task=task)
         self.task = task
-        self.mixing = functools.partial(mixing, seed=config.seed, num_classes=task.output_size) if mixing else None
+        self.mixing = functools.partial(mixing, seed=config.seed, num_classes=task.output_size,
+                                        global_batch_size=config.global_batch_size) if mixing else None
         # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
         on_tpu = config.strategy == "tpu" or isinstance(strategy, tf.distribute.TPUStrategy)
         self.train_data_on_device = training and device_split.wanted(

@@ -143,7 +143,9 @@ _NOTES = {"built": "", "there": " (nothing to do)", "same": " (nothing to do; --
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # Before TensorFlow loads: no C++ INFO lines (as train.py).
+    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+
+    quiet_tensorflow()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     from common.errors import ConfigError
     from data.stage.flag_checks import check_args

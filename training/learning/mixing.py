@@ -18,6 +18,12 @@ uniformly and clipped at the borders, is shared by the pair; each row takes the 
 of the box edge (inside it, or outside when the clipped box covers over half), and the label weights are the actual
 areas. Targets become soft: w_own one_hot(own) + w_partner one_hot(partner) (the loss takes soft targets:
 training/learning/losses.py). Evaluation never mixes.
+
+Both (experiment.augmentation=[..., 'mixup', 'cutmix']): each global batch is mixed by one of them, CutMix with
+probability `cutmix_probability`, as timm's and DeiT's recipes switch (their switch_prob 0.5). The draw is a hash of
+(SEED, the step), the step being the batch's first position // GLOBAL_BATCH_SIZE (step s holds positions
+[s G, (s + 1) G) on any host, replica or micro-batch): every replica and micro-batch of a step makes the same choice,
+at any replica count and after a resume.
 """
 
 import dataclasses
@@ -30,6 +36,7 @@ from common.keyed_random import hashed_uniforms
 from models.layers import keys_from_positions
 
 SALT = 0x6D6978 << 32  # Added to SEED for the pair keys: independent of the dropout and augmentation draws.
+SWITCH_SALT = 0x737769 << 32  # Added to SEED for the per-step choice between mixup and CutMix.
 CANDIDATES = 12  # Marsaglia-Tsang proposals per gamma draw; each is accepted with probability > 0.95.
 
 
@@ -89,8 +96,10 @@ class Mixing:
     alpha: float
 
     def __call__(self, images: tf.Tensor, labels: tf.Tensor, positions: tf.Tensor, *, seed: int,
-                 num_classes: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """(images [b, H, W, C], int labels [b], positions [b]) -> (mixed images, soft targets [b, classes])."""
+                 num_classes: int, global_batch_size: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+        """(images [b, H, W, C], int labels [b], positions [b]) -> (mixed images, soft targets [b, classes]).
+        `global_batch_size` is for MixupOrCutmix's choice per step; one kind mixes every batch alike."""
+        del global_batch_size
         keys = pair_keys(seed, positions)
         lam = beta_draws(keys, self.alpha)
         other = partners(images)
@@ -124,6 +133,29 @@ class Mixing:
         return region, tf.maximum(area, 1.0 - area)
 
 
+@dataclasses.dataclass(frozen=True)
+class MixupOrCutmix:
+    """mixup or CutMix per global batch: CutMix with probability `cutmix_probability` (module docstring)."""
+
+    mixup: Mixing
+    cutmix: Mixing
+    cutmix_probability: float
+
+    def __call__(self, images: tf.Tensor, labels: tf.Tensor, positions: tf.Tensor, *, seed: int, num_classes: int,
+                 global_batch_size: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """As Mixing's, by the kind drawn for this batch's step."""
+        arguments = dict(seed=seed, num_classes=num_classes)
+        return tf.cond(self.cutmix_drawn(positions, seed=seed, global_batch_size=global_batch_size),
+                       lambda: self.cutmix(images, labels, positions, **arguments),
+                       lambda: self.mixup(images, labels, positions, **arguments))
+
+    def cutmix_drawn(self, positions: tf.Tensor, *, seed: int, global_batch_size: int) -> tf.Tensor:
+        """Whether the step of these `positions` (any part of its global batch) is mixed by CutMix: a bool []."""
+        step = tf.cast(positions[0], tf.int64) // global_batch_size
+        draw = hashed_uniforms(keys_from_positions(seed + SWITCH_SALT, step[tf.newaxis]), 1)[0, 0]
+        return draw < self.cutmix_probability
+
+
 def _checked_alpha(name: str, alpha) -> float:
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0.01 <= alpha <= 100:
         raise ConfigError(f"{name}.alpha={alpha!r} must be a number in [0.01, 100] (lambda ~ Beta(alpha, alpha)); "
@@ -141,3 +173,15 @@ def mixup(alpha: float = 0.2) -> Mixing:
 def cutmix(alpha: float = 1.0) -> Mixing:
     """CutMix with lambda ~ Beta(alpha, alpha); 1.0 (uniform) is the paper's setting (Yun et al. 2019)."""
     return Mixing("cutmix", _checked_alpha("cutmix", alpha))
+
+
+@gin.configurable
+def mixup_or_cutmix(cutmix_probability: float = 0.5) -> MixupOrCutmix:
+    """mixup (mixup.alpha) or CutMix (cutmix.alpha) per batch, CutMix with `cutmix_probability`; 0.5 as in timm and
+    DeiT (switch_prob)."""
+    if not isinstance(cutmix_probability, (int, float)) or isinstance(cutmix_probability, bool) \
+            or not 0 <= cutmix_probability <= 1:
+        raise ConfigError(f"mixup_or_cutmix.cutmix_probability={cutmix_probability!r} must be a number in [0, 1] (the "
+                          "share of batches CutMix mixes; mixup the others); e.g. "
+                          "--gin_param=mixup_or_cutmix.cutmix_probability=0.5.")
+    return MixupOrCutmix(mixup(), cutmix(), float(cutmix_probability))
