@@ -80,14 +80,15 @@ class GcsLock:
         record = {**holder_record(), "heartbeat_seconds": self.heartbeat_seconds,
                   "stale_after_seconds": self.stale_after_seconds}
         while True:
-            beat = time.monotonic()
+            beat = _stamp(record)
             try:
                 with reporting(f"the run lock {self.path}"):
                     self._blob.upload_from_string(json.dumps(record), if_generation_match=0, timeout=30,
                                                   retry=self._retry)
                 break
             except exceptions.PreconditionFailed:
-                if self._take_over_or_wait(record):
+                beat = self._take_over_or_wait(record, beat)
+                if beat is not None:
                     break
             except Exception as error:  # noqa: BLE001 - google-cloud-storage and requests errors alike.
                 if not isinstance(error, exceptions.GoogleAPIError) and not transient(error):
@@ -105,9 +106,12 @@ class GcsLock:
             return StorageError(f"{message} Rerun the same command once the storage answers.")
         return ConfigError(message)
 
-    def _take_over_or_wait(self, record: dict) -> bool:
-        """Takes over a stale lock (True); waits while its holder's heartbeat has stopped but is not yet stale;
-        False when the lock vanished meanwhile (create it again); RunDirectoryInUse for a live holder."""
+    def _take_over_or_wait(self, record: dict, created: float) -> float | None:
+        """Takes over a stale lock; waits while its holder's heartbeat has stopped but is not yet stale. Returns the
+        time.monotonic() of the write that got through (`created`: of this run's own create, whose answer was
+        lost), or None when the lock vanished meanwhile (create it again); RunDirectoryInUse for a live holder.
+        The heartbeat is stamped just before the takeover write, never before the wait: a wait longer than the
+        fence would otherwise leave this run, right after the takeover, believing its heartbeat long stopped."""
         from google.api_core import exceptions
 
         reported = 0.0
@@ -118,7 +122,7 @@ class GcsLock:
                 holder = json.loads(blob.download_as_bytes(if_generation_match=blob.generation, timeout=30,
                                                            retry=self._retry))
             except exceptions.NotFound:  # Released in between: try once more from the start.
-                return False
+                return None
             except exceptions.PreconditionFailed:  # Rewritten between the two reads: read it again.
                 continue
             except ValueError:
@@ -129,7 +133,7 @@ class GcsLock:
                 raise self._unusable(error, "reading the lock") from error
             if holder.get("token") == record["token"]:  # Our own create: its answer was lost and it was retried.
                 self._blob = blob
-                return True
+                return created
             age = time.time() - _number(holder.get("heartbeat"), 0.0)
             stale = _number(holder.get("stale_after_seconds"), STALE_AFTER_SECONDS)  # The holder's own periods.
             stopped = STOPPED_AFTER_HEARTBEATS * _number(holder.get("heartbeat_seconds"), HEARTBEAT_SECONDS)
@@ -145,6 +149,7 @@ class GcsLock:
                             "the bucket; then it stops writing by itself). It is taken over at %.0f s, unless its "
                             "heartbeat comes back.", self.path, describe_holder(holder), age, stale)
             time.sleep(max(0.05, min(stopped / STOPPED_AFTER_HEARTBEATS, stale - age)))
+        beat = _stamp(record)
         try:
             self._blob.upload_from_string(json.dumps(record), if_generation_match=blob.generation, timeout=30,
                                           retry=self._retry)
@@ -153,14 +158,13 @@ class GcsLock:
         if holder.get("pid"):
             log.warning("Took over the stale lock %s of %s (last heartbeat %.0f s ago).", self.path,
                         describe_holder(holder), age)
-        return True
+        return beat
 
     def _heartbeat(self) -> None:
         from google.api_core import exceptions
 
         while not self._stop.wait(self.heartbeat_seconds):
-            beat = time.monotonic()
-            self._record["heartbeat"] = time.time()
+            beat = _stamp(self._record)
             try:
                 self._blob.upload_from_string(json.dumps(self._record), if_generation_match=self._generation,
                                               timeout=30, retry=self._heartbeat_retry)
@@ -228,6 +232,12 @@ class GcsLock:
                 self._blob.delete(if_generation_match=self._generation, timeout=10,
                                   retry=DEFAULT_RETRY.with_timeout(10))
         self._generation = None
+
+
+def _stamp(record: dict) -> float:
+    """Stamps `record` with the time of the write about to be sent; returns that time on the monotonic clock."""
+    record["heartbeat"] = time.time()
+    return time.monotonic()
 
 
 def _number(value, default: float) -> float:
