@@ -99,7 +99,7 @@ class Controller:
 
         def attempt():
             guard.check(confirm=True)
-            return self.store.save(step)
+            return self.store.save(step, before_commit=lambda: guard.check(confirm=True))
 
         guard.retry(f"the checkpoint save of step {step}", attempt)
         self._saved_step = step
@@ -248,9 +248,10 @@ class Controller:
 
     def export(self) -> str:
         path = self.run_dir.export_dir(self.trainer.step)  # Every worker exports; only the chief's is kept.
-        self.run_dir.guard.retry(f"the export to {path}", lambda: export_trainer(
+        guard = self.run_dir.guard
+        guard.retry(f"the export to {path}", lambda: export_trainer(
             self.trainer, path, recovery=f"nothing was left there. The checkpoint {self.store.latest or '(none)'} is "
-            "intact: fix the storage, then rerun with --mode=export."))
+            "intact: fix the storage, then rerun with --mode=export.", before_commit=lambda: guard.check(confirm=True)))
         if self.run_dir.is_chief:
             log.info("Exported SavedModel to %s", path)
         return path

@@ -17,8 +17,9 @@ forwarded the same way, so both clients see the same rules:
   the filesystem BACKEND, which stores 'a//b' as the file 'a/b', every other request naming one gets 404, as on GCS
   (with the memory backend the server keeps names exact: reads and deletes of one go through);
 - answers the failures listed in DIRECTORY/faults.jsonl (`GcsEmulator.inject_failures`: a regex, a status, a count)
-  instead of forwarding, and logs each one served to DIRECTORY/faults_served.log; holds a request until the test
-  releases it (`GcsEmulator.hold`), and stops enforcing preconditions when told to (tests/gcs_server/request_rules.py);
+  instead of forwarding (or after it: an answer lost on the way), and logs each one served to
+  DIRECTORY/faults_served.log; holds a request until the test releases it (`GcsEmulator.hold`), and stops enforcing
+  preconditions when told to (tests/gcs_server/request_rules.py);
 - answers a resumable upload's status query with 308 and what was stored, as GCS does (UploadSessions);
 - answers 503 when the fake server is down (as GCS would while unreachable).
 A separate process, never a thread of the test process: TF does GCS I/O while holding the GIL.
@@ -129,6 +130,7 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
     faults: Faults
     holds: Holds
     sessions = UploadSessions()
+    _status = None  # The status of the last answer sent.
 
     def setup(self):
         super().setup()
@@ -159,11 +161,15 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
             self._handle(body, path, named, described)
         finally:
             if held is not None:
-                self.holds.answered(held)
+                self.holds.answered(held, self._status)
+
+    def send_response(self, code, message=None):
+        self._status = code  # For the answer to a held request.
+        super().send_response(code, message)
 
     def _handle(self, body: bytes, path: str, named, described: str):
         bucket = named.bucket
-        if self.holds.preconditions_ignored():
+        if self.holds.preconditions_ignored(described):
             path = without_preconditions(path)
         if self.command in _WRITES and bucket and bucket in self._denied():
             self._answer(403, {"error": {"code": 403, "message": f"test proxy: no write access to {bucket}"}})
@@ -171,9 +177,8 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
         if self._refused_name(named) or self._precondition_failed(named, path):
             return
         rule = self.faults.take(self.command, described)
-        if rule is not None:
-            self._answer(rule["status"], {"error": {"code": rule["status"], "message": f"test proxy: injected "
-                                                    f"failure {rule['status']} ({rule['pattern']})"}})
+        if rule is not None and not rule.get("forwarded"):
+            self._fail(rule)
             return
         headers = {key: value for key, value in self.headers.items()
                    if key.lower() not in ("transfer-encoding", "connection", "proxy-connection", "content-length")}
@@ -200,6 +205,9 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
         except OSError as error:
             self._answer(503, {"error": {"code": 503, "message": f"test proxy: GCS server unreachable ({error})"}})
             return
+        if rule is not None:  # Done, but the client never hears so: its answer is lost on the way.
+            self._fail(rule)
+            return
         self.send_response(response.status, response.reason)
         for key, value in response.getheaders():
             if key.lower() in ("transfer-encoding", "connection", "content-length"):
@@ -217,6 +225,10 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
+
+    def _fail(self, rule: dict) -> None:
+        self._answer(rule["status"], {"error": {"code": rule["status"], "message": f"test proxy: injected failure "
+                                                f"{rule['status']} ({rule['pattern']})"}})
 
     def _refused_name(self, named) -> bool:
         """Answers (and returns True) a request naming an object GCS would keep apart from what the code meant."""
