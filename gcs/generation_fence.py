@@ -139,8 +139,13 @@ class GenerationFence:
             return current.md5_hash == base64.b64encode(hashlib.md5(data).digest()).decode()
         self._confirm_held(f"its write of {path}, started before it knew, was refused by the storage "
                            f"({describe(error, 120)})")
-        log.warning("%s was written after this run took over %s, by a run that no longer holds it (a write started "
-                    "before it knew): replaced by this run's.", path, self._lock_name)
+        other = (current.metadata or {}).get(LOCK_KEY) if current is not None else None
+        if other not in (None, self._lock_name):  # E.g. a sidecar's best/best.json also written by its trainer.
+            log.warning("%s was written by the holder of %s while this run holds %s: replaced by this run's (one "
+                        "writer per file).", path, other, self._lock_name)
+        else:
+            log.warning("%s was written after this run took over %s, by a run that no longer holds it (a write "
+                        "started before it knew): replaced by this run's.", path, self._lock_name)
         if not known:  # Created where nothing was when this run took over: all of it is the old holder's.
             self._stale.add(name)
         return False
