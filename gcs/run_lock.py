@@ -4,14 +4,21 @@ precondition `if_generation_match=0` (only one creator wins), whose holder rewri
 
 A lock whose heartbeat is older than STALE_AFTER_SECONDS, or whose holder was on this host and is gone, is taken
 over with a warning; a lock whose heartbeat stopped less long ago (a holder that died on another host, or is cut
-off from the bucket) is waited for, with a progress line, until it is stale or its heartbeat comes back.
+off from the bucket) is waited for, with a progress line, until it is stale or its heartbeat comes back. The
+heartbeat a run counts from, and the one its record carries, is that of the write that took the lock (the create or
+the takeover), never the time it started waiting: a wait longer than the fence would otherwise stop it at once.
 
 Never two writers: the holder stops writing (`check` raises RunLockLost, a StorageError: exit 6) as soon as it
 learns the lock was taken over, and also when its own last heartbeat that reached the bucket is FENCE_FRACTION of
 the stale time old: it cannot know whether another run has taken over, so it stops well before anyone may. Every
-write to model_dir asks `check` first (training/run_directory/storage_guard.py); checkpoint saves also read the lock
-back. What this cannot stop: a process frozen (SIGSTOP, a paused VM) in the middle of one write finishes that one write
-when it thaws. The hosts' clocks must agree to well within the fence (Cloud VMs keep NTP time).
+write to model_dir asks `check` first (training/run_directory/storage_guard.py); checkpoint saves and exports also
+read the lock back, before and again before they are committed. A process frozen (SIGSTOP, a paused VM) in the
+middle of a write cannot land it once it has lost the lock: the record files (metrics.jsonl, metrics.json, ...) are
+written through the lock's fence (gcs/generation_fence.py), whose generation preconditions the storage enforces,
+and a run that takes the lock rewrites them first. What TensorFlow writes itself (checkpoint files, exports,
+TensorBoard events) takes no preconditions: a save under way when the holder froze writes its ckpt-<step> files when
+it thaws, then stops before naming them in the state file (docs/gcs.md says what that leaves). The hosts' clocks
+must agree to well within the fence (Cloud VMs keep NTP time).
 RUN_LOCK_HEARTBEAT_SECONDS and RUN_LOCK_STALE_AFTER_SECONDS in the environment override the two periods (the tests
 shrink them); the holder records its own in the lock, and a run waiting on it uses the holder's.
 """
@@ -26,6 +33,7 @@ import time
 from common.errors import ConfigError, StorageError
 from common.storage_errors import describe, transient
 from common.storage_wait import PROGRESS_SECONDS, reporting
+from gcs.generation_fence import GenerationFence
 from training.run_directory.lock_holder import (
     LOCK_NAME,
     RunLockLost,
@@ -73,6 +81,9 @@ class GcsLock:
         self._lost = None  # Why the lock is no longer this run's, once known.
         self._stop = threading.Event()
         self._thread = None
+        # The run's record files are written through it (training/run_directory/layout.py, history.py).
+        self.fence = GenerationFence(self._bucket, self._name, confirm_held=self._confirm_held,
+                                     retry=DEFAULT_RETRY.with_timeout(30))
 
     def acquire(self) -> None:
         from google.api_core import exceptions
@@ -80,14 +91,15 @@ class GcsLock:
         record = {**holder_record(), "heartbeat_seconds": self.heartbeat_seconds,
                   "stale_after_seconds": self.stale_after_seconds}
         while True:
-            beat = time.monotonic()
+            beat = _stamp(record)
             try:
                 with reporting(f"the run lock {self.path}"):
                     self._blob.upload_from_string(json.dumps(record), if_generation_match=0, timeout=30,
                                                   retry=self._retry)
                 break
             except exceptions.PreconditionFailed:
-                if self._take_over_or_wait(record):
+                beat = self._take_over_or_wait(record, beat)
+                if beat is not None:
                     break
             except Exception as error:  # noqa: BLE001 - google-cloud-storage and requests errors alike.
                 if not isinstance(error, exceptions.GoogleAPIError) and not transient(error):
@@ -96,6 +108,14 @@ class GcsLock:
         self._generation, self._record, self._confirmed = self._blob.generation, record, beat
         self._thread = threading.Thread(target=self._heartbeat, name="run-lock-heartbeat", daemon=True)
         self._thread.start()
+        try:  # Before anything is read: writes an earlier holder still has pending are refused from now on.
+            with reporting(f"the record files of {self.model_dir} (rewritten by a run that takes the lock)"):
+                rewritten = self.fence.establish(record["token"])
+        except BaseException:
+            self.release()
+            raise
+        log.debug("Holding %s; rewrote %d record file(s) of earlier holders, so that writes they started cannot "
+                  "land.", self.path, rewritten)
 
     def _unusable(self, error: BaseException, doing: str) -> Exception:
         """A StorageError (exit 6: a rerun may succeed) when the bucket did not answer, else a ConfigError."""
@@ -105,9 +125,12 @@ class GcsLock:
             return StorageError(f"{message} Rerun the same command once the storage answers.")
         return ConfigError(message)
 
-    def _take_over_or_wait(self, record: dict) -> bool:
-        """Takes over a stale lock (True); waits while its holder's heartbeat has stopped but is not yet stale;
-        False when the lock vanished meanwhile (create it again); RunDirectoryInUse for a live holder."""
+    def _take_over_or_wait(self, record: dict, created: float) -> float | None:
+        """Takes over a stale lock; waits while its holder's heartbeat has stopped but is not yet stale. Returns the
+        time.monotonic() of the write that got through (`created`: of this run's own create, whose answer was
+        lost), or None when the lock vanished meanwhile (create it again); RunDirectoryInUse for a live holder.
+        The heartbeat is stamped just before the takeover write, never before the wait: a wait longer than the
+        fence would otherwise leave this run, right after the takeover, believing its heartbeat long stopped."""
         from google.api_core import exceptions
 
         reported = 0.0
@@ -118,7 +141,7 @@ class GcsLock:
                 holder = json.loads(blob.download_as_bytes(if_generation_match=blob.generation, timeout=30,
                                                            retry=self._retry))
             except exceptions.NotFound:  # Released in between: try once more from the start.
-                return False
+                return None
             except exceptions.PreconditionFailed:  # Rewritten between the two reads: read it again.
                 continue
             except ValueError:
@@ -129,7 +152,7 @@ class GcsLock:
                 raise self._unusable(error, "reading the lock") from error
             if holder.get("token") == record["token"]:  # Our own create: its answer was lost and it was retried.
                 self._blob = blob
-                return True
+                return created
             age = time.time() - _number(holder.get("heartbeat"), 0.0)
             stale = _number(holder.get("stale_after_seconds"), STALE_AFTER_SECONDS)  # The holder's own periods.
             stopped = STOPPED_AFTER_HEARTBEATS * _number(holder.get("heartbeat_seconds"), HEARTBEAT_SECONDS)
@@ -145,6 +168,7 @@ class GcsLock:
                             "the bucket; then it stops writing by itself). It is taken over at %.0f s, unless its "
                             "heartbeat comes back.", self.path, describe_holder(holder), age, stale)
             time.sleep(max(0.05, min(stopped / STOPPED_AFTER_HEARTBEATS, stale - age)))
+        beat = _stamp(record)
         try:
             self._blob.upload_from_string(json.dumps(record), if_generation_match=blob.generation, timeout=30,
                                           retry=self._retry)
@@ -153,14 +177,13 @@ class GcsLock:
         if holder.get("pid"):
             log.warning("Took over the stale lock %s of %s (last heartbeat %.0f s ago).", self.path,
                         describe_holder(holder), age)
-        return True
+        return beat
 
     def _heartbeat(self) -> None:
         from google.api_core import exceptions
 
         while not self._stop.wait(self.heartbeat_seconds):
-            beat = time.monotonic()
-            self._record["heartbeat"] = time.time()
+            beat = _stamp(self._record)
             try:
                 self._blob.upload_from_string(json.dumps(self._record), if_generation_match=self._generation,
                                               timeout=30, retry=self._heartbeat_retry)
@@ -189,6 +212,19 @@ class GcsLock:
             return False
         self._generation, self._confirmed = blob.generation, beat
         return True
+
+    def _confirm_held(self, what: str) -> None:
+        """After the storage refused a write of this run (gcs/generation_fence.py): RunLockLost unless the lock,
+        read back now, is still this run's (unreadable counts as lost: stopping is the safe side)."""
+        if self._lost is None:
+            try:
+                current = json.loads(self._bucket.blob(self._name).download_as_bytes(
+                    timeout=10, retry=self._heartbeat_retry))
+                if current.get("token") != self._record["token"]:
+                    self._lost = f"{what}; the lock names {describe_holder(current)}"
+            except Exception as error:  # noqa: BLE001 - deleted, unreadable: cannot tell, so lost.
+                self._lost = f"{what}; the lock could not be read back ({describe(error, 200)})"
+        self.check()
 
     def check(self, *, confirm: bool = False) -> None:
         """RunLockLost if this run may no longer write model_dir: the lock was taken over, or no heartbeat has
@@ -228,6 +264,12 @@ class GcsLock:
                 self._blob.delete(if_generation_match=self._generation, timeout=10,
                                   retry=DEFAULT_RETRY.with_timeout(10))
         self._generation = None
+
+
+def _stamp(record: dict) -> float:
+    """Stamps `record` with the time of the write about to be sent; returns that time on the monotonic clock."""
+    record["heartbeat"] = time.time()
+    return time.monotonic()
 
 
 def _number(value, default: float) -> float:

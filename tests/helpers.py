@@ -1,8 +1,11 @@
 """Helpers shared by tests (fixtures live in conftest.py)."""
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -11,6 +14,54 @@ def run_train_py(*args: str, cwd: str | None = None, timeout: float = 300, env: 
     """Runs `python train.py ARGS` in a subprocess; returns the CompletedProcess (stdout and stderr as text)."""
     return subprocess.run([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args], cwd=cwd or REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+class Run:
+    """`python train.py ARGS` in the background; its stdout and stderr lines collected as they come."""
+
+    def __init__(self, *args: str, env: dict | None = None, environment: dict | None = None):
+        """`env` is added to this process's environment; `environment` replaces it."""
+        self.process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args], cwd=REPO_ROOT,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env=environment or {**os.environ, **(env or {})})
+        self.lines, self.errors = [], []
+        self._readers = [threading.Thread(target=self._drain, args=(stream, into), daemon=True)
+                         for stream, into in ((self.process.stdout, self.lines), (self.process.stderr, self.errors))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _drain(stream, into: list) -> None:
+        for line in stream:
+            into.append(line)
+
+    def wait_for(self, text: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} never came (exit {self.process.poll()}):\n{self.stdout[-3000:]}\n"
+                                     f"{self.stderr[-3000:]}")
+            time.sleep(0.02)
+
+    def wait(self, timeout: float = 300) -> int:
+        code = self.process.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+            self.process.kill()
+            self.process.wait()
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.errors)
 
 
 def run_module(module: str, *args: str, timeout: float = 300):

@@ -125,3 +125,26 @@ def test_gcs_lock_excludes_takes_over_a_stale_lock_and_releases(gcs, gcs_bucket,
     with pytest.raises(RunDirectoryInUse, match="pid 4711 on host preempted-vm"):
         GcsLock(model_dir).acquire()
 
+
+
+def test_a_gcs_lock_taken_over_after_a_long_wait_counts_its_heartbeat_from_the_takeover(gcs, gcs_bucket):
+    """At the default ratio (heartbeat : stale = 1 : 10, here 1 s : 10 s) a rerun that waits out a stopped holder for
+    longer than the fence (half the stale time) holds the lock at once: its last confirmed heartbeat, and the
+    heartbeat in the record it wrote, are those of the takeover write, not of when it started waiting (it used to
+    stop itself, exit 6, at its first write before its first heartbeat)."""
+    model_dir = f"gs://{gcs_bucket}/run"
+    blob = gcs.client().bucket(gcs_bucket).blob(f"run/{LOCK_NAME}")
+    stopped = {"host": "preempted-vm", "pid": 4711, "started": "2026-01-01 00:00:00 UTC",
+               "heartbeat": time.time() - 3, "heartbeat_seconds": 1, "stale_after_seconds": 10}
+    blob.upload_from_string(json.dumps(stopped))
+    lock = GcsLock(model_dir, heartbeat_seconds=600, stale_after_seconds=10)  # No heartbeat during this test.
+    started = time.monotonic()
+    lock.acquire()
+    try:
+        waited, took_over = time.monotonic() - started, time.time()
+        assert waited > lock.fence_seconds, waited  # Negative control: the wait alone outlasted the fence ...
+        lock.check()  # ... yet the lock is held: the takeover write is the last confirmed heartbeat.
+        record = json.loads(blob.download_as_bytes())
+        assert record["pid"] == os.getpid() and took_over - record["heartbeat"] < 2, (took_over, record)
+    finally:
+        lock.release()

@@ -8,69 +8,21 @@ makes the kernel cut a write short exactly as a full disk does).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
 from gcs.run_lock import GcsLock
-from helpers import REPO_ROOT, run_train_py
+from helpers import REPO_ROOT, Run, run_train_py
 from training.run_directory.lock import LOCK_NAME, RunLockLost
 
 DIGITS = "--gin_file=configs/experiments/digits_mlp.gin"
 CONSTANT = "--gin_param=experiment.lr_schedule='constant'"
-
-
-class Run:
-    """`python train.py ARGS` in the background; its stdout and stderr lines collected as they come."""
-
-    def __init__(self, *args: str, env: dict | None = None, environment: dict | None = None):
-        """`env` is added to this process's environment; `environment` replaces it."""
-        self.process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args], cwd=REPO_ROOT,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env=environment or {**os.environ, **(env or {})})
-        self.lines, self.errors = [], []
-        self._readers = [threading.Thread(target=self._drain, args=(stream, into), daemon=True)
-                         for stream, into in ((self.process.stdout, self.lines), (self.process.stderr, self.errors))]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _drain(stream, into: list) -> None:
-        for line in stream:
-            into.append(line)
-
-    def wait_for(self, text: str, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{text!r} never came (exit {self.process.poll()}):\n{self.stdout[-3000:]}\n"
-                                     f"{self.stderr[-3000:]}")
-            time.sleep(0.02)
-
-    def wait(self, timeout: float = 300) -> int:
-        code = self.process.wait(timeout=timeout)
-        for reader in self._readers:
-            reader.join(timeout=10)
-        return code
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)
-            self.process.kill()
-            self.process.wait()
-
-    @property
-    def stdout(self) -> str:
-        return "".join(self.lines)
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.errors)
 
 
 def _generations(gcs, bucket: str) -> dict:
@@ -84,27 +36,53 @@ def _keys(text: str) -> list[tuple[str, int]]:
 
 @pytest.mark.slow
 def test_a_run_whose_gcs_lock_is_taken_over_stops_with_exit_6_and_writes_nothing_after(gcs, gcs_bucket, data_dir):
-    """The first run is frozen (SIGSTOP: a stalled process) before its first loop; the second waits until the
-    frozen one's lock is stale, takes it over and trains to the end. Thawed, the first must notice before its
-    next write, write nothing at all, and exit 6."""
+    """At the default timing ratio (heartbeat : stale = 30 s : 300 s, here 3 s : 30 s) the first run is frozen
+    (SIGSTOP: a stalled process, a preempted VM) before its first loop; the second reaches the lock as soon as it
+    may wait for it (2.5 heartbeats after the last one), waits until it is stale, takes it over and trains to the
+    end (it used to stop itself with exit 6 at its first write when it had waited longer than the fence, half the
+    stale time, and that write came before its first heartbeat). Thawed, the first must notice before its next
+    write, write nothing at all, and exit 6."""
     model_dir = f"gs://{gcs_bucket}/run"
-    periods = {"RUN_LOCK_HEARTBEAT_SECONDS": "1", "RUN_LOCK_STALE_AFTER_SECONDS": "20"}
+    heartbeat, stale = 3, 30
+    periods = {"RUN_LOCK_HEARTBEAT_SECONDS": str(heartbeat), "RUN_LOCK_STALE_AFTER_SECONDS": str(stale)}
     args = [DIGITS, CONSTANT, "--gin_param=TRAIN_STEPS=40", "--gin_param=STEPS_PER_LOOP=10",
             "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=EVAL_EVERY=20", f"--model_dir={model_dir}"]
     first = Run(*args, env=periods)
+    second = None
     try:
         first.wait_for("tracing and compiling the training loop")  # Nothing is being written now.
         os.kill(first.process.pid, signal.SIGSTOP)
-        second = run_train_py(*args, env=periods, timeout=300)
-        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-        assert f"Waiting for {model_dir}/{LOCK_NAME}: its holder, pid {first.process.pid}" in second.stdout
-        assert "Took over the stale lock" in second.stdout
+        create = gcs.hold(rf"^POST /upload/storage/v1/b/{gcs_bucket}/o\?.*ifGenerationMatch=0\b.* run/{LOCK_NAME}$")
+        second = Run(*args, env=periods)
+        gcs.wait_held(create, alive=lambda: second.process.poll() is None)  # The second run reached the lock.
+        lock = gcs.client().bucket(gcs_bucket).blob(f"run/{LOCK_NAME}")
+        while time.time() - json.loads(lock.download_as_bytes())["heartbeat"] < 2.5 * heartbeat + 0.5:
+            time.sleep(0.1)
+        gcs.release(create)
+        # Its first writes come before its first heartbeat, as with the default periods (a 30 s heartbeat): the
+        # proxy holds that heartbeat until the first loop is done, or 10 s at most (within the fence, 15 s).
+        second.wait_for("Took over the stale lock", timeout=120)
+        beat = gcs.hold(rf"^POST /upload/storage/v1/b/{gcs_bucket}/o\?.*ifGenerationMatch=[1-9].* run/{LOCK_NAME}$")
+        gcs.wait_held(beat, alive=lambda: second.process.poll() is None)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and second.process.poll() is None and " 10/40 " not in second.stdout:
+            time.sleep(0.1)
+        gcs.release(beat)
+        assert second.wait(timeout=300) == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        waiting = re.search(rf"Waiting for {model_dir}/{LOCK_NAME}: its holder, pid {first.process.pid} .* sent no "
+                            r"heartbeat for (\d+) s", second.stdout)
+        took_over = re.search(r"Took over the stale lock .* \(last heartbeat (\d+) s ago\)", second.stdout)
+        assert waiting and took_over, second.stdout[-3000:]
+        # The condition of the old failure: it waited longer than the fence before its first write.
+        assert int(took_over[1]) - int(waiting[1]) > stale / 2, (waiting[0], took_over[0])
         before = _generations(gcs, gcs_bucket)
         history = gcs.client().bucket(gcs_bucket).blob("run/metrics.jsonl").download_as_text()
         os.kill(first.process.pid, signal.SIGCONT)
         code = first.wait(timeout=120)
     finally:
         first.kill()
+        if second is not None:
+            second.kill()
     assert code == 6, first.stdout[-3000:] + first.stderr[-3000:]
     assert f"error: This run no longer holds {model_dir}/{LOCK_NAME}" in first.stderr, first.stderr[-3000:]
     assert "Traceback" not in first.stderr

@@ -8,10 +8,13 @@ subprocesses inherit. The GCS_* retry and cache settings must be in the environm
 Object names are exact, as on GCS: the default `backend="memory"` keeps 'a//b' and 'a/b' apart. Only a test that
 stops and restarts the server needs `backend="filesystem"` (objects on disk survive `restart_server()`); that backend
 stores 'a//b' as the file 'a/b', so the proxy answers 404 for such names there (tests/gcs_server/proxy.py), and refuses
-to create one with either backend. `plant_object` writes straight to the server (what an old version left behind), and
-`inject_failures` makes the proxy answer N requests with an error status (429, 503, ...).
+to create one with either backend. `plant_object` writes straight to the server (what an old version left behind),
+`inject_failures` makes the proxy answer N requests with an error status (429, 503, ...), `hold`/`release` hold one
+request in the proxy (a client frozen mid-request), and `preconditions_ignored` turns generation preconditions off
+(tests/gcs_server/request_rules.py).
 """
 
+import contextlib
 import http.client
 import json
 import os
@@ -141,11 +144,14 @@ class GcsEmulator:
         if response.status != 200:
             raise RuntimeError(f"planting {name!r} failed: {response.status} {response.read()[:200]!r}")
 
-    def inject_failures(self, pattern: str, status: int, count: int, method: str | None = None) -> str:
-        """The next `count` requests whose description matches the regex `pattern` get `status` from the proxy;
-        returns the rule's id (for failures_served). A description is 'METHOD /decoded/path?query NAMES...', the
-        names being the objects the request reads or creates (tests/gcs_server/object_names.py)."""
-        rule = {"id": uuid.uuid4().hex[:8], "pattern": pattern, "status": status, "count": count, "method": method}
+    def inject_failures(self, pattern: str, status: int, count: int, method: str | None = None,
+                        forwarded: bool = False) -> str:
+        """The next `count` requests whose description matches the regex `pattern` get `status` from the proxy
+        (`forwarded`: after the storage did what they asked: an answer lost on the way); returns the rule's id (for
+        failures_served). A description is 'METHOD /decoded/path?query NAMES...', the names being the objects the
+        request reads or creates (tests/gcs_server/object_names.py)."""
+        rule = {"id": uuid.uuid4().hex[:8], "pattern": pattern, "status": status, "count": count, "method": method,
+                "forwarded": forwarded}
         with open(os.path.join(self.directory, "faults.jsonl"), "a") as handle:
             handle.write(json.dumps(rule) + "\n")
         return rule["id"]
@@ -157,6 +163,53 @@ class GcsEmulator:
                 return [line.split(" ", 1)[1].rstrip("\n") for line in handle if line.startswith(rule + " ")]
         except FileNotFoundError:
             return []
+
+    def hold(self, pattern: str, method: str | None = None, skip: int = 0) -> str:
+        """The proxy holds the next request whose description matches the regex `pattern` (as for inject_failures;
+        name the test's bucket in it: the emulator serves a whole session), after `skip` matching ones went
+        through, until `release`; returns the rule's id. The client waits for its answer as for a slow storage."""
+        rule = {"id": uuid.uuid4().hex[:8], "pattern": pattern, "method": method, "skip": skip}
+        with open(os.path.join(self.directory, "holds.jsonl"), "a") as handle:
+            handle.write(json.dumps(rule) + "\n")
+        return rule["id"]
+
+    def wait_held(self, rule: str, timeout: float = 180, alive=None) -> str | None:
+        """Waits until the proxy holds a request for `rule`; returns its description (None once `alive()`, when
+        given, is false: the client ended without sending it)."""
+        return self._wait_for_mark("held", rule, timeout, alive)
+
+    def release(self, rule: str, timeout: float = 30) -> int | None:
+        """Lets the held request of `rule` through (checked against the storage as it is now), waits until the
+        proxy has answered it and returns the answer's HTTP status (None: a rule that has held nothing yet lets its
+        request through at once)."""
+        with open(os.path.join(self.directory, "released", rule), "w"):
+            pass
+        if not os.path.exists(os.path.join(self.directory, "held", rule)):
+            return None
+        return int(self._wait_for_mark("answered", rule, timeout, None))
+
+    def _wait_for_mark(self, folder: str, rule: str, timeout: float, alive) -> str | None:
+        path, deadline = os.path.join(self.directory, folder, rule), time.monotonic() + timeout
+        while not os.path.exists(path):
+            if alive is not None and not alive():
+                return None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the GCS test proxy never {folder} a request for rule {rule}")
+            time.sleep(0.02)
+        with open(path) as handle:
+            return handle.read()
+
+    @contextlib.contextmanager
+    def preconditions_ignored(self, pattern: str = ""):
+        """Within the block the storage ignores ifGenerationMatch/ifMetagenerationMatch in the requests whose
+        description matches the regex `pattern` (all by default): a negative control's storage."""
+        switch = os.path.join(self.directory, "ignore_preconditions")
+        with open(switch, "w") as handle:
+            handle.write(pattern)
+        try:
+            yield
+        finally:
+            os.remove(switch)
 
     def close(self) -> None:
         for process in (self.proxy, self.server):

@@ -17,7 +17,9 @@ forwarded the same way, so both clients see the same rules:
   the filesystem BACKEND, which stores 'a//b' as the file 'a/b', every other request naming one gets 404, as on GCS
   (with the memory backend the server keeps names exact: reads and deletes of one go through);
 - answers the failures listed in DIRECTORY/faults.jsonl (`GcsEmulator.inject_failures`: a regex, a status, a count)
-  instead of forwarding, and logs each one served to DIRECTORY/faults_served.log;
+  instead of forwarding (or after it: an answer lost on the way), and logs each one served to
+  DIRECTORY/faults_served.log; holds a request until the test releases it (`GcsEmulator.hold`), and stops enforcing
+  preconditions when told to (tests/gcs_server/request_rules.py);
 - answers a resumable upload's status query with 308 and what was stored, as GCS does (UploadSessions);
 - answers 503 when the fake server is down (as GCS would while unreachable).
 A separate process, never a thread of the test process: TF does GCS I/O while holding the GIL.
@@ -42,6 +44,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from object_names import named_objects, unsafe_name
+from request_rules import Faults, Holds, without_preconditions
 
 GCS_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 _WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -72,35 +75,6 @@ def make_tls_context(ca_file: str) -> ssl.SSLContext:
     context.load_cert_chain(handle.name)
     os.unlink(handle.name)
     return context
-
-
-class Faults:
-    """The failures to inject (DIRECTORY/faults.jsonl, one JSON rule a line: id, pattern, status, count, method) and
-    how many of each were served (kept here, and logged to DIRECTORY/faults_served.log for the tests)."""
-
-    def __init__(self, directory: str):
-        self.rules_file = os.path.join(directory, "faults.jsonl")
-        self.served_file = os.path.join(directory, "faults_served.log")
-        self._served: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def take(self, method: str, described: str) -> dict | None:
-        """The rule that fails this request (and counts it), or None."""
-        try:
-            with open(self.rules_file) as handle:
-                rules = [json.loads(line) for line in handle if line.strip()]
-        except FileNotFoundError:
-            return None
-        with self._lock:
-            for rule in rules:
-                if rule.get("method") not in (None, method) or not re.search(rule["pattern"], described):
-                    continue
-                if self._served.get(rule["id"], 0) < rule["count"]:
-                    self._served[rule["id"]] = self._served.get(rule["id"], 0) + 1
-                    with open(self.served_file, "a") as handle:
-                        handle.write(f"{rule['id']} {described}\n")
-                    return rule
-        return None
 
 
 class UploadSessions:
@@ -154,7 +128,9 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
     deny_file: str
     backend: str
     faults: Faults
+    holds: Holds
     sessions = UploadSessions()
+    _status = None  # The status of the last answer sent.
 
     def setup(self):
         super().setup()
@@ -179,17 +155,30 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
         path = urllib.parse.urlsplit(self.path)._replace(scheme="", netloc="").geturl()  # Absolute form from proxies.
         named = named_objects(self.command, path, self.headers.get("Host", ""), body,
                               self.headers.get("Content-Type", ""))
+        described = " ".join([self.command, urllib.parse.unquote(path), *named.reads, *named.creates])
+        held = self.holds.hold(self.command, described)  # Handled below as the storage is when it is released.
+        try:
+            self._handle(body, path, named, described)
+        finally:
+            if held is not None:
+                self.holds.answered(held, self._status)
+
+    def send_response(self, code, message=None):
+        self._status = code  # For the answer to a held request.
+        super().send_response(code, message)
+
+    def _handle(self, body: bytes, path: str, named, described: str):
         bucket = named.bucket
+        if self.holds.preconditions_ignored(described):
+            path = without_preconditions(path)
         if self.command in _WRITES and bucket and bucket in self._denied():
             self._answer(403, {"error": {"code": 403, "message": f"test proxy: no write access to {bucket}"}})
             return
         if self._refused_name(named) or self._precondition_failed(named, path):
             return
-        rule = self.faults.take(self.command, " ".join([self.command, urllib.parse.unquote(path), *named.reads,
-                                                         *named.creates]))
-        if rule is not None:
-            self._answer(rule["status"], {"error": {"code": rule["status"], "message": f"test proxy: injected "
-                                                    f"failure {rule['status']} ({rule['pattern']})"}})
+        rule = self.faults.take(self.command, described)
+        if rule is not None and not rule.get("forwarded"):
+            self._fail(rule)
             return
         headers = {key: value for key, value in self.headers.items()
                    if key.lower() not in ("transfer-encoding", "connection", "proxy-connection", "content-length")}
@@ -216,6 +205,9 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
         except OSError as error:
             self._answer(503, {"error": {"code": 503, "message": f"test proxy: GCS server unreachable ({error})"}})
             return
+        if rule is not None:  # Done, but the client never hears so: its answer is lost on the way.
+            self._fail(rule)
+            return
         self.send_response(response.status, response.reason)
         for key, value in response.getheaders():
             if key.lower() in ("transfer-encoding", "connection", "content-length"):
@@ -233,6 +225,10 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
+
+    def _fail(self, rule: dict) -> None:
+        self._answer(rule["status"], {"error": {"code": rule["status"], "message": f"test proxy: injected failure "
+                                                f"{rule['status']} ({rule['pattern']})"}})
 
     def _refused_name(self, named) -> bool:
         """Answers (and returns True) a request naming an object GCS would keep apart from what the code meant."""
@@ -302,6 +298,7 @@ class Forwarder(http.server.BaseHTTPRequestHandler):
 def main(upstream_port: str, directory: str, backend: str) -> None:
     Forwarder.upstream_port, Forwarder.backend = int(upstream_port), backend
     Forwarder.deny_file, Forwarder.faults = os.path.join(directory, "deny"), Faults(directory)
+    Forwarder.holds = Holds(directory)
     Forwarder.tls_context = make_tls_context(os.path.join(directory, "ca.pem"))
     port_file = os.path.join(directory, "proxy_port")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forwarder)

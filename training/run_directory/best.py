@@ -40,11 +40,11 @@ class BestKeeper:
         """Checkpoints and exports the current weights as the best (`best`: {'step', 'metric', 'mode', 'value'})."""
         guard = self.run_dir.guard  # Waits out a failing storage, for experiment.storage_timeout_seconds.
         path = guard.retry(f"the save of the best checkpoint (step {best['step']})",
-                           lambda: self.store.save(best["step"]))
+                           lambda: self.store.save(best["step"], before_commit=lambda: guard.check(confirm=True)))
         export = self.run_dir.export_dir("best")
         guard.retry(f"the export to {export}", lambda: export_trainer(
             self.trainer, export, recovery=f"its checkpoint {path} is intact: fix the storage and rerun the same "
-            "command (training resumes from the last checkpoint)."))
+            "command (training resumes from the last checkpoint).", before_commit=lambda: guard.check(confirm=True)))
         if self.run_dir.is_chief:
             self.run_dir.write_json(BEST_RECORD, {**best, "checkpoint": path, "export": export})
             log.info("Best %s so far (%.4f at step %d): kept %s and exported %s.", best["metric"], best["value"],

@@ -153,13 +153,16 @@ class CheckpointStore:
                             describe(error))
         return latest
 
-    def save(self, step: int) -> str:
-        """Writes the checkpoint of `step`, reads it back, then deletes the oldest beyond `keep`; returns its path."""
+    def save(self, step: int, *, before_commit=None) -> str:
+        """Writes the checkpoint of `step`, reads it back, then names it in the state file and deletes the oldest
+        beyond `keep`; returns its path. `before_commit()` runs in between and may raise: a run that lost its lock
+        while the save was under way (frozen, then thawed) stops there, before touching another run's state file
+        or checkpoints."""
         path = self.path(step, self.write_dir)
         with reporting_on_gcs(f"the checkpoint save to {path}", path):
-            return self._save(step, path)
+            return self._save(step, path, before_commit)
 
-    def _save(self, step: int, path: str) -> str:
+    def _save(self, step: int, path: str, before_commit) -> str:
         try:
             self.checkpoint.save_counter  # noqa: B018 - created on first use; CheckpointManager's files hold it too.
             self.checkpoint.write(path, options=self.options)
@@ -167,6 +170,8 @@ class CheckpointStore:
             if reason is not None:
                 raise StorageError(f"The checkpoint of step {step} was written to {path} but reads back damaged "
                                    f"({reason}). {self.previous_phrase()} Check the storage, then rerun.")
+            if before_commit is not None:
+                before_commit()
             kept = [kept for kept in self._kept if kept != step] + [step]
             self._kept, dropped = kept[-self.keep:], kept[:-self.keep]
             self._write_state()  # Names only the kept ones, then the oldest go: never before the new one read back.

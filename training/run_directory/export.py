@@ -90,14 +90,17 @@ def _write_text(path: str, text: str) -> None:
 
 def export_saved_model(model: keras.Model, task: Task, export_dir: str, *, io_device: str | None = None,
                        examples: dict | None = None, with_tflite: bool = False,
-                       tflite_image_size: tuple[int, int] | None = None) -> str:
+                       tflite_image_size: tuple[int, int] | None = None, before_commit=None) -> str:
     """Writes the SavedModel to `export_dir` (local or gs://) and returns it; `io_device` as in SaveOptions,
-    `examples` and `with_tflite` as in write_saved_model."""
+    `examples` and `with_tflite` as in write_saved_model. `before_commit()` runs once it is written, before it
+    replaces anything, and may raise (a run that lost its lock meanwhile stops there)."""
     parent, name = export_dir.rstrip("/").rsplit("/", 1)
     temporary = join(parent, temporary_name(name))
     try:
         write_saved_model(model, task, temporary, io_device=io_device, examples=examples, with_tflite=with_tflite,
                           tflite_image_size=tflite_image_size)
+        if before_commit is not None:
+            before_commit()
         if tf.io.gfile.exists(export_dir):  # A rerun exports the same step again; export/best every new best.
             if tf.io.gfile.exists(join(export_dir, MARKER)):
                 tf.io.gfile.remove(join(export_dir, MARKER))  # No longer a SavedModel from here on.
@@ -132,10 +135,10 @@ def _move(source: str, target: str) -> None:
         tf.io.gfile.copy(files[name], destination, overwrite=True)
 
 
-def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
+def export_trainer(trainer, export_dir: str, *, recovery: str, before_commit=None) -> str:
     """Exports `trainer`'s model (its EMA weights when EMA_DECAY is set) with its task's signature to `export_dir`,
     on the device I/O its strategy needs; a storage failure is a StorageError naming the path, the cause and
-    `recovery` (what is intact, what to rerun)."""
+    `recovery` (what is intact, what to rerun). `before_commit` as in export_saved_model."""
     try:
         examples = first_examples(trainer.task, trainer.builder, trainer.dataset_spec.eval_split,
                                   max(WARMUP_BATCH_SIZES))
@@ -143,7 +146,8 @@ def export_trainer(trainer, export_dir: str, *, recovery: str) -> str:
             return export_saved_model(trainer.model, trainer.task, export_dir,
                                       io_device=io_device_for(trainer.strategy, export_dir), examples=examples,
                                       with_tflite=trainer.config.export_tflite,
-                                      tflite_image_size=trainer.config.export_tflite_image_size)
+                                      tflite_image_size=trainer.config.export_tflite_image_size,
+                                      before_commit=before_commit)
     except tf.errors.OpError as error:
         raise StorageError(f"Exporting the SavedModel to {export_dir} failed ({describe(error)}); {recovery}") \
             from error

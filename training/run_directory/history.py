@@ -8,10 +8,11 @@ Why a separate file: metrics.json is the latest summary only; curves, comparison
 checkpoint need every point. It survives a kill and resume: on resume, records past the restored step (written
 after the checkpoint that is resumed from, so they will be recomputed) and any half-written last line are dropped,
 and a record whose (kind, step) is already present is not written again, so the file has no duplicates and no gaps.
-Records are appended (on gs:// TensorFlow's GCS client rewrites the object per append: fine for the few hundred
-loops of a run). An append that fails (a full disk, an unreachable bucket) may leave half a line behind: the records
-it held are kept, and the next write rewrites the whole file (its intact records plus the kept ones, through a
-temporary file renamed over it), so a later record never runs into the half line and nothing is lost. Training goes
+Records are appended (on gs:// the object is read and written whole per append, under the run lock's generation
+fence, gcs/generation_fence.py: fine for the few hundred loops of a run). An append that fails (a full disk, an
+unreachable bucket) may leave half a line behind: the records it held are kept, and the next write rewrites the
+whole file (its intact records plus the kept ones, through a temporary file renamed over it), so a later record
+never runs into the half line and nothing is lost. Training goes
 on meanwhile, until the storage has failed for `experiment.storage_timeout_seconds`
 (training/run_directory/storage_guard.py); a run never ends with records it could not write (`flush` raises a
 StorageError). A damaged line found on resume is dropped with a warning. Only the chief writes.
@@ -28,6 +29,7 @@ from common.errors import ConfigError, StorageError
 from common.storage_errors import describe
 from common.storage_wait import reporting_on_gcs
 from training.run_directory.layout import HISTORY as FILE
+from training.run_directory.lock_holder import RunLockLost
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +132,15 @@ class History:
                     written = {(record["kind"], record["step"]) for record in existing}
                     missing = [record for record in self._pending if (record["kind"], record["step"]) not in written]
                     self.run_dir.write_text(FILE, _lines(existing + missing), retry=False)
+                elif guard.fenced(self.path) is not None:  # gs:// under the run lock (storage_guard.py).
+                    guard.fenced(self.path).append(self.path, _lines(self._pending))
                 else:
                     tf.io.gfile.makedirs(self.run_dir.model_dir)
                     with tf.io.gfile.GFile(self.path, "a") as handle:
                         handle.write(_lines(self._pending))
         except (tf.errors.OpError, StorageError) as error:  # Kept, and written with the next record.
+            if isinstance(error, RunLockLost):  # Refused: the lock is another run's (gcs/generation_fence.py).
+                guard.check()  # Ends the run here (exit 6), as for any write once the lock is lost.
             if not guard.writable:
                 raise
             self._rewrite = True

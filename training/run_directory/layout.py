@@ -1,5 +1,6 @@
 """The run directory (`model_dir`, local or gs://) as docs/run_directory.md lays it out: every file name spelled
-here once, the paths, the small files, and the run lock held while this process writes. I/O through tf.io.gfile.
+here once, the paths, the small files, and the run lock held while this process writes. I/O through tf.io.gfile,
+except the small files on gs://, written through the run lock's fence (gcs/generation_fence.py).
 
   model_dir/
     checkpoints/            ckpt-<step>.index/.data-* + the `checkpoint` state file (checkpoints.py)
@@ -131,14 +132,19 @@ class RunDirectory:
             self._scratch_dir = None
 
     def write_text(self, name: str, text: str, *, retry: bool = True) -> None:
-        """Writes model_dir/`name` whole (a temporary file renamed over it); a failing storage is retried for the
-        guard's timeout (`retry=False`: one attempt, for callers that retry themselves)."""
+        """Writes model_dir/`name` whole (a temporary file renamed over it; on gs:// under the run lock one upload
+        the storage refuses once the lock is another run's); a failing storage is retried for the guard's timeout
+        (`retry=False`: one attempt, for callers that retry themselves)."""
         if not self.is_chief:
             return
         folder, _, base = name.rpartition("/")  # `name` may be in a subfolder, e.g. 'best/best.json'.
         temporary = self.path(folder, temporary_name(base))
 
         def attempt():
+            fence = self.guard.fenced(self.path(name))
+            if fence is not None:  # gs:// under the run lock: one upload, refused once the lock is another run's.
+                fence.write(self.path(name), text)
+                return
             try:
                 tf.io.gfile.makedirs(self.path(folder) if folder else self.model_dir)
                 with tf.io.gfile.GFile(temporary, "w") as handle:

@@ -148,9 +148,9 @@ class RunRecord:
             return
         guard = self.directory.guard
 
-        def attempt():
+        def attempt():  # The lock is read back before the save, and again before it counts (the state file).
             guard.check(confirm=True)
-            return self.checkpoints.save(step)
+            return self.checkpoints.save(step, before_commit=lambda: guard.check(confirm=True))
 
         guard.retry(f"the checkpoint save of step {step}", attempt)
         self.saved_step = step
@@ -168,10 +168,10 @@ class RunRecord:
     def export(self) -> str:
         """Exports the trainer's model as export/<step>/ (every worker exports; only the chief's is kept)."""
         path = self.directory.export_dir(self.trainer.step)
-        latest = self.checkpoints.latest or "(none)"
-        self.directory.guard.retry(f"the export to {path}", lambda: export_trainer(
+        latest, guard = self.checkpoints.latest or "(none)", self.directory.guard
+        guard.retry(f"the export to {path}", lambda: export_trainer(
             self.trainer, path, recovery=f"nothing was left there. The checkpoint {latest} is intact: fix the "
-            "storage, then rerun with --mode=export."))
+            "storage, then rerun with --mode=export.", before_commit=lambda: guard.check(confirm=True)))
         if self.is_chief:
             log.info("Exported SavedModel to %s", path)
         return path

@@ -46,6 +46,13 @@ class StorageGuard:
     def writable(self) -> bool:
         return self.stopped is None
 
+    def fenced(self, path: str):
+        """The held lock's fence when `path` is on gs:// (gcs/generation_fence.py: writes with generation
+        preconditions, so that a write this run started before losing its lock cannot land), else None: local
+        folders need none (an flock cannot be lost)."""
+        fence = getattr(self.lock, "fence", None)
+        return fence if fence is not None and fence.covers(path) else None
+
     def check(self, *, confirm: bool = False) -> None:
         """A StorageError if this run may no longer write: its lock is lost (`confirm`: ask the storage, not only
         the heartbeat's record), or the storage has failed for longer than the timeout."""
