@@ -97,3 +97,9 @@ def resolve(names, task, *, dataset: str, rows_per_batch: int) -> tuple[object, 
     if len(batch_names) == 2:  # Both: one of them per batch (training/learning/mixing.py MixupOrCutmix).
         return task, mixup_or_cutmix()
     return task, PER_BATCH[batch_names[0]]() if batch_names else None
+
+
+def check_settings(config) -> dict:
+    """experiment.augmentation as a tuple (a gin list); the names are checked against the task (`check`)."""
+    return {"augmentation": tuple(config.augmentation) if isinstance(config.augmentation, list)
+            else config.augmentation}
