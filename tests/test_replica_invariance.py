@@ -88,10 +88,10 @@ CASES = {
                                                 "adamw.exclude_from_weight_decay=['bias']", "TRAIN_STEPS=100",
                                                 "experiment.lr_schedule='polynomial'", "polynomial.warmup_steps=10"),
                                           [1, 2, 4]),
-    # Augmentation keyed by example (training/augmentation.py): RandAugment per example and mixup in the step, as
+    # Augmentation keyed by example (tasks/augmentation/by_name.py): RandAugment per example and mixup in the step, as
     # shipped; mixup's soft targets through softmax_cross_entropy.
     "digits-cnn-randaugment-mixup": ("configs/experiments/digits_cnn_augmented.gin", (), [1, 2, 4]),
-    # Both batch mixings: mixup or CutMix per step, drawn from (SEED, step) (training/learning/mixing.py).
+    # Both batch mixings: mixup or CutMix per step, drawn from (SEED, step) (tasks/augmentation/mixing.py).
     "digits-cnn-randaugment-mixup-or-cutmix": ("configs/experiments/digits_cnn_augmented.gin",
                                                ("experiment.augmentation=['randaugment', 'mixup', 'cutmix']",),
                                                [1, 2, 4]),

@@ -10,8 +10,9 @@ import dataclasses
 
 from data import builders, device_split, pipeline
 from serving import tflite
+from tasks.augmentation import by_name as augmentation
 from tpu_utils import strategy
-from training import augmentation, batching, build_scope, controller, jit_compile, warm_start
+from training import batching, build_scope, controller, jit_compile, warm_start
 from training.learning import accumulation, ema, metrics, optimizers
 from training.observers import profiling, standard
 from training.run_directory import checkpoints, history, storage_guard
@@ -40,7 +41,7 @@ class ExperimentConfig:
     target_replicas: int = 0  # Replicas the config is written for (TPU configs: 8 on a v3-8); 0 = not declared.
     startup_timeout_seconds: int = 300  # Waiting for the other workers of TF_CONFIG (or a TPU) before giving up.
     jit_compile: str = "off"  # 'off', 'on' or 'auto' (training/jit_compile.py: what the benchmark measured).
-    # Data (data/, training/augmentation.py, training/batching.py).
+    # Data (data/, tasks/augmentation/by_name.py, training/batching.py).
     dataset: str
     data_dir: str | None = None
     global_batch_size: int
@@ -48,7 +49,7 @@ class ExperimentConfig:
     # Keep the train split on the devices and draw batches in the compiled loop (data/device_split.py): 'auto',
     # 'always', 'never'.
     train_data_on_device: str = "auto"
-    # Training augmentations by name (training/augmentation.py); None = the dataset's own, [] = none.
+    # Training augmentations by name (tasks/augmentation/by_name.py); None = the dataset's own, [] = none.
     augmentation: tuple[str, ...] | None = None
     # Model (models/, training/warm_start.py, training/variable_selection.py).
     model: str

@@ -17,9 +17,10 @@ from common.errors import ConfigError
 from data import builders, device_split, pipeline
 from data.registry import bind_task, get_dataset_spec
 from models.registry import MODELS, get_model_builder
+from tasks.augmentation import by_name as augmentation
 from tpu_utils import loop
 from tpu_utils.strategy import io_device_for, is_multi_worker
-from training import augmentation, jit_compile
+from training import jit_compile
 from training.batching import batching_for
 from training.build_scope import seeded_build
 from training.learning import accumulation, step

@@ -23,6 +23,7 @@ clip_global_norm * scale is clipping the unscaled gradients at clip_global_norm.
 import keras
 import tensorflow as tf
 
+from common.keyed_random import keys_from_positions
 from models import layers
 
 
@@ -85,13 +86,13 @@ def check_per_example(per_example_loss: tf.Tensor, labels: tf.Tensor) -> None:
 def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed: int, mixing=None):
     """(logits, this replica's share of the data loss, its share of the regularization term) of a training batch
     (features, labels, positions), in training mode, with each example's dropout mask keyed by its position.
-    `mixing` (training/learning/mixing.py, None = off): (features, labels, positions) -> (mixed features, soft
+    `mixing` (tasks/augmentation/mixing.py, None = off): (features, labels, positions) -> (mixed features, soft
     targets), which the loss then takes in place of the labels."""
     features, labels, positions = batch
     targets = labels
     if mixing is not None:
         features, targets = mixing(features, labels, positions)
-    with layers.example_keys(layers.keys_from_positions(seed, positions)):
+    with layers.example_keys(keys_from_positions(seed, positions)):
         logits = model(features, training=True)
     per_example_loss = loss_fn(targets, logits)
     check_per_example(per_example_loss, labels)
