@@ -1,7 +1,7 @@
 """Trainer: the model, optimizer, metrics, data and compiled loops of one run, built under one strategy.
 
 It knows how to run N training steps and one exact evaluation; it does not decide when (training/controller.py
-does). The replica-invariance check (tools/replica_invariance.py) builds Trainers at several replica counts.
+does). The replica-invariance check (training/replica_invariance.py) builds Trainers at several replica counts.
 """
 
 import dataclasses

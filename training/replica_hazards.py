@@ -1,4 +1,4 @@
-"""What in a built model breaks replica invariance, found by looking at its layers (tools/replica_invariance.py).
+"""What in a built model breaks replica invariance, found by looking at its layers (training/replica_invariance.py).
 
 The check runs the model as its builder makes it when asked for synchronized BatchNormalization
 (`synchronized_batch_norm=True`); a builder may ignore that, or use layers whose random draws depend on the replica
