@@ -90,24 +90,23 @@ def make_accumulating_train_step(model: keras.Model, optimizer: keras.optimizers
             lambda index, *_: index < accumulate_steps, body,
             (tf.constant(0), tf.zeros((), tf.float64 if loss_dtype == tf.float64 else tf.float32), zeros),
             parallel_iterations=1)  # One micro-batch at a time: the point of accumulating.
-        gradients = []
-        for data, regularizer, reached in zip(data_sums, gradient_sums, has_gradient, strict=True):
-            if regularizer is not None:
-                regularizer = tf.convert_to_tensor(regularizer)
-            if not reached:
-                gradients.append(regularizer)  # None if nothing reaches the variable, as at k=1.
-            else:
-                gradients.append(data if regularizer is None else regularizer + data)
-        clip_norm = None
-        if clip_global_norm:
-            clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
-        gradients = step.sum_then_clip(gradients, clip_norm)
-        optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        step.apply_summed(optimizer, _combined(data_sums, gradient_sums, has_gradient), variables, clip_global_norm)
         if regularization is None:
             regularization = tf.zeros((), loss.dtype)
         return {"loss": loss, "regularization": regularization}
 
     return train_step
+
+
+def _combined(data_sums: list, regularization_gradients: list, has_gradient: list) -> list:
+    """Per variable: the data gradient summed over micro-batches plus the regularization gradient; None where neither
+    reaches the variable, as at k=1."""
+    gradients = []
+    for data, regularizer, reached in zip(data_sums, regularization_gradients, has_gradient, strict=True):
+        if regularizer is not None:
+            regularizer = tf.convert_to_tensor(regularizer)
+        gradients.append((data if regularizer is None else regularizer + data) if reached else regularizer)
+    return gradients
 
 
 def check_settings(config) -> None:

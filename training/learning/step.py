@@ -55,6 +55,18 @@ def sum_then_clip(gradients: list, clip_norm) -> list:
     return gradients
 
 
+def apply_summed(optimizer: keras.optimizers.Optimizer, gradients: list, variables: list,
+                 clip_global_norm: float | None) -> None:
+    """Sums this replica's gradients across replicas, clips the sum by its global norm (under loss scaling the
+    gradients are scaled too, and so is the norm to clip them at), and applies it: with loss scaling,
+    apply_gradients unscales them and skips the step if they are not finite."""
+    clip_norm = None
+    if clip_global_norm:
+        scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        clip_norm = clip_global_norm * optimizer.dynamic_scale if scaling else clip_global_norm
+    optimizer.apply_gradients(zip(sum_then_clip(gradients, clip_norm), variables, strict=True))
+
+
 def disable_implicit_gradient_sum(optimizer: keras.optimizers.Optimizer) -> None:
     """Stops Keras' `apply_gradients` from all-reducing again gradients that the step has already summed.
 
@@ -130,12 +142,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
     def train_step(batch):
         _, labels, _ = batch
         logits, loss, regularization, gradients = forward_backward(batch)
-        clip_norm = None
-        if clip_global_norm:  # Under loss scaling the gradients are scaled too: so is the norm to clip them at.
-            clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
-        gradients = sum_then_clip(gradients, clip_norm)
-        # With loss scaling, apply_gradients unscales them and skips the step if they are not finite.
-        optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        apply_summed(optimizer, gradients, variables, clip_global_norm)
         for metric in metrics:  # Per replica; Keras sums the replicas' totals on read: no rescaling.
             metric.update(labels, logits)
         return {"loss": loss, "regularization": regularization}
