@@ -25,7 +25,7 @@ test-core:  ## The core's fast tests: a forker's check after an edit (minutes).
 	$(PYTHON) -m pytest -m core -n 2
 
 check-invariance:  ## Replica-invariance check of the default config at 1, 2, 4 and 8 replicas.
-	$(PYTHON) -m tools.replica_invariance --gin_file=configs/default.gin
+	$(PYTHON) -m training.replica_invariance --gin_file=configs/default.gin
 
 preflight-tpu:  ## Check every TPU config on this CPU (set BUCKET=gs://... for their DATA_DIR and model_dir).
 	@for config in $(filter-out configs/tpu/tpu_base.gin,$(wildcard configs/tpu/*.gin)); do echo "== $$config"; $(PYTHON) train.py --gin_file=$$config --preflight \

@@ -42,37 +42,10 @@ def main() -> None:
     parser.add_argument("--gin_file", default="configs/default.gin")
     parser.add_argument("--gin_param", action="append", default=[])
     args = parser.parse_args()
-    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+    from common.tf_logging import quiet_tensorflow
 
     quiet_tensorflow()
-    from training import config_files
-
-    config_files.parse([args.gin_file], ["TRAIN_STEPS=1000000", *args.gin_param], search_path=config_files.REPO_ROOT)
-    from tpu_utils.strategy import make_strategy
-    from training import experiment
-    from training.controller import Controller
-    from training.run_directory.layout import RunDirectory
-    from training.run_directory.record import RunRecord
-    from training.trainer import Trainer
-
-    # As train.py logs: INFO lines of training.* formatted and written (to memory here, not the terminal).
-    handler = logging.StreamHandler(io.StringIO())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    logging.getLogger("training").addHandler(handler)
-    logging.getLogger("training").setLevel(logging.INFO)
-    logging.getLogger("training").propagate = False
-
-    config = experiment.experiment()
-    trainer = Trainer(config, make_strategy(config.strategy))
-    model_dir = tempfile.mkdtemp(prefix="observe-bench-")
-    controller = Controller(trainer, RunRecord(trainer, RunDirectory(model_dir),
-                                               model_settings=experiment.model_settings(config.model)))
-    from training.run_directory.layout import OPERATIVE_CONFIG
-
-    with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as handle:
-        import gin
-
-        handle.write(gin.operative_config_str())
+    config, trainer, controller = _controller(args.gin_file, args.gin_param)
     from training.observers.standard import ProgressLines, TensorBoard
 
     def observer(kind):
@@ -87,26 +60,67 @@ def main() -> None:
     progress.loop_done = _timed(totals, "progress", progress.loop_done)
     controller.record.history.record = _timed(totals, "history", controller.record.history.record)
     tensorboard.summaries.scalars = _timed(totals, "summaries", tensorboard.summaries.scalars)
-    iterator = trainer.train_iterator()
-    steps = config.steps_per_loop
     with progress.active(trainer.step):
-        controller._run_one_loop(iterator)  # Traces and compiles.
-        trainer.train(iterator, steps)
-        bare, full, observed = [], [], []
-        for pair in range(args.pairs):  # One bare loop, then one controller loop: drift and load hit both alike.
-            started = time.perf_counter()
-            trainer.train(iterator, steps)
-            bare.append(time.perf_counter() - started)
-            totals.clear()
-            started = time.perf_counter()
-            controller._run_one_loop(iterator)
-            full.append(time.perf_counter() - started)
-            observed.append(sum(totals.values()))
-            if (pair + 1) % 20 == 0:
-                print(f"{pair + 1} pairs: bare {1000 * statistics.median(bare):.1f} ms, controller "
-                      f"{1000 * statistics.median(full):.1f} ms, observation calls "
-                      f"{1000 * statistics.median(observed):.2f} ms per loop (median so far)", flush=True)
-    bare_loop, full_loop, calls = statistics.median(bare), statistics.median(full), statistics.median(observed)
+        bare, full, observed = _pairs(trainer, controller, totals, args.pairs)
+    _print(args, config, statistics.median(bare), statistics.median(full), statistics.median(observed), set_up)
+
+
+def _controller(gin_file: str, gin_params: list[str]):
+    """(config, trainer, controller) of `gin_file` in a temporary run directory, logging as train.py does (to
+    memory here, not the terminal)."""
+    from training import config_files
+
+    config_files.parse([gin_file], ["TRAIN_STEPS=1000000", *gin_params], search_path=config_files.REPO_ROOT)
+    from tpu_utils.strategy import make_strategy
+    from training import experiment
+    from training.controller import Controller
+    from training.run_directory.layout import OPERATIVE_CONFIG, RunDirectory
+    from training.run_directory.record import RunRecord
+    from training.trainer import Trainer
+
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    logging.getLogger("training").addHandler(handler)
+    logging.getLogger("training").setLevel(logging.INFO)
+    logging.getLogger("training").propagate = False
+
+    config = experiment.experiment()
+    trainer = Trainer(config, make_strategy(config.strategy))
+    model_dir = tempfile.mkdtemp(prefix="observe-bench-")
+    controller = Controller(trainer, RunRecord(trainer, RunDirectory(model_dir),
+                                               model_settings=experiment.model_settings(config.model)))
+    import gin
+
+    with open(os.path.join(model_dir, OPERATIVE_CONFIG), "w") as handle:
+        handle.write(gin.operative_config_str())
+    return config, trainer, controller
+
+
+def _pairs(trainer, controller, totals: dict, pairs: int) -> tuple[list, list, list]:
+    """One bare loop, then one controller loop, `pairs` times (drift and load hit both alike): their seconds, and the
+    seconds of the observation calls in each controller loop."""
+    iterator = trainer.train_iterator()
+    controller._run_one_loop(iterator)  # Traces and compiles.
+    trainer.train(iterator, trainer.config.steps_per_loop)
+    bare, full, observed = [], [], []
+    for pair in range(pairs):
+        started = time.perf_counter()
+        trainer.train(iterator, trainer.config.steps_per_loop)
+        bare.append(time.perf_counter() - started)
+        totals.clear()
+        started = time.perf_counter()
+        controller._run_one_loop(iterator)
+        full.append(time.perf_counter() - started)
+        observed.append(sum(totals.values()))
+        if (pair + 1) % 20 == 0:
+            print(f"{pair + 1} pairs: bare {1000 * statistics.median(bare):.1f} ms, controller "
+                  f"{1000 * statistics.median(full):.1f} ms, observation calls "
+                  f"{1000 * statistics.median(observed):.2f} ms per loop (median so far)", flush=True)
+    return bare, full, observed
+
+
+def _print(args, config, bare_loop: float, full_loop: float, calls: float, set_up: float) -> None:
+    steps = config.steps_per_loop
     print(f"\n{args.gin_file} {' '.join(args.gin_param)}: {steps} steps per loop, global batch "
           f"{config.global_batch_size}, {args.pairs} pairs of loops (medians)")
     print(f"bare loop        {1000 * bare_loop:7.1f} ms = {steps / bare_loop:6.1f} steps/s")

@@ -2,7 +2,7 @@
 
 tf.random's stateless ops are a function of their seed on one device and compiler, but pick another generator under
 XLA (and on TPUs). Draws that must be the same everywhere (dropout masks, models/layers.py; augmentation, tasks/ and
-training/learning/mixing.py) hash a key with `lowbias32` (a 32-bit integer finaliser with low bias, C. Wellons,
+tasks/augmentation/mixing.py) hash a key with `lowbias32` (a 32-bit integer finaliser with low bias, C. Wellons,
 "Prospecting for Hash Functions") instead.
 """
 
@@ -39,3 +39,16 @@ def hashed_uniforms(keys: tf.Tensor, count: int) -> tf.Tensor:
     counters = lowbias32(tf.constant(spread.astype(np.uint32)))
     bits = lowbias32(tf.bitwise.bitwise_xor(tf.cast(keys, tf.uint32)[:, tf.newaxis], counters[tf.newaxis]))
     return (tf.cast(tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32)), tf.float32) + 0.5) * _UNIFORM_SCALE
+
+
+def _xor(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    return tf.bitwise.bitwise_xor(a, b)
+
+
+def keys_from_positions(seed: int, positions: tf.Tensor) -> tf.Tensor:
+    """Per-example uint32 keys from the run's SEED and each example's int64 training-stream position."""
+    positions = tf.cast(positions, tf.int64)
+    high = tf.cast(tf.bitwise.right_shift(positions, tf.constant(32, tf.int64)), tf.uint32)
+    low = tf.cast(tf.bitwise.bitwise_and(positions, tf.constant(0xFFFFFFFF, tf.int64)), tf.uint32)
+    seed_key = lowbias32(_xor(tf.constant(seed & 0xFFFFFFFF, tf.uint32), lowbias32(tf.constant(seed >> 32, tf.uint32))))
+    return lowbias32(_xor(lowbias32(_xor(seed_key, high)), low))

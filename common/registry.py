@@ -1,6 +1,6 @@
 """Name registries' one lookup: `MODEL='cnn'`, `DATASET='digits'`, `experiment.loss='focal'`, ... are keys of plain
 dicts (models/registry.py MODELS, data/registry.py DATASETS, training/learning/ LOSSES, METRICS, OPTIMIZERS,
-SCHEDULES, training/observers/standard.py OBSERVERS, training/augmentation.py AUGMENTATIONS), and an unknown one is
+SCHEDULES, training/observers/standard.py OBSERVERS, tasks/augmentation/by_name.py AUGMENTATIONS), and an unknown one is
 the same clear error everywhere: what was asked for, the name it probably meant (another case, a stray space, a typo),
 every known name, and where a new one is registered."""
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError, StorageError, shorten
+from common.settings import how_to_set
 from common.storage_errors import describe, transient
 from data import downloads
 from data.spec import DatasetSpec, check_task_features
@@ -126,3 +127,15 @@ def encoded_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, split: s
     dataset = builder.as_dataset(split=split, shuffle_files=False, decoders=spec.task.decoders(builder.info.features),
                                  read_config=tfds.ReadConfig(interleave_cycle_length=1, add_tfds_id=False))
     return dataset.map(lambda example: {key: example[key] for key in keys})
+
+
+def check_settings(config) -> None:
+    """DATA_DIR: a directory (local or gs://), or None for TFDS's default."""
+    data_dir = config.data_dir
+    if data_dir is not None and not isinstance(data_dir, str):
+        raise ConfigError(f"DATA_DIR={data_dir!r} must be a directory (a string) or None for TFDS's default; e.g. "
+                          f"{how_to_set('data_dir', '/data/tensorflow_datasets')}.")
+    if data_dir is not None and not data_dir.strip():
+        raise ConfigError(f"DATA_DIR={data_dir!r} is empty (an unset variable in a script?): TFDS would build the data "
+                          "in the current directory. Set a directory, e.g. "
+                          f"{how_to_set('data_dir', '/data/tensorflow_datasets')}, or None for TFDS's default.")

@@ -25,6 +25,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
+from common.settings import require_choice
 from data import builders, pipeline
 from data.spec import DatasetSpec
 
@@ -90,3 +91,11 @@ class DeviceSplit:
         positions = start + tf.range(self._per_replica, dtype=tf.int64)
         return pipeline.examples_at(self._spec, self._builder, self._examples, positions,
                                     num_examples=self._num_examples, seed=self._seed)
+
+
+# Where training batches are drawn: on the devices when it helps, always, or by tf.data.
+TRAIN_DATA_ON_DEVICE = ("auto", "always", "never")
+
+
+def check_settings(config) -> None:
+    require_choice("train_data_on_device", config.train_data_on_device, TRAIN_DATA_ON_DEVICE)

@@ -28,6 +28,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
+from common.settings import how_to_set, require_int
 from data import builders, shard_stream
 from data.spec import DatasetSpec
 
@@ -163,3 +164,16 @@ def make_eval_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, 
                 .prefetch(tf.data.AUTOTUNE))
 
     return input_fn, num_steps
+
+
+# The training stream's positions (step * GLOBAL_BATCH_SIZE + index, int64) end at 2**62.
+MAX_EXAMPLES = 2 ** 62
+
+
+def check_settings(config) -> None:
+    """GLOBAL_BATCH_SIZE, and TRAIN_STEPS of them within the training stream's positions."""
+    require_int("global_batch_size", config.global_batch_size, minimum=1, example=128)
+    if config.train_steps * config.global_batch_size > MAX_EXAMPLES:
+        raise ConfigError(f"TRAIN_STEPS={config.train_steps} x GLOBAL_BATCH_SIZE={config.global_batch_size} examples "
+                          "is more than the training stream's 2**62 positions; use fewer steps, e.g. "
+                          f"{how_to_set('train_steps', MAX_EXAMPLES // config.global_batch_size)}.")

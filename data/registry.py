@@ -12,8 +12,9 @@ from common.errors import ConfigError
 from common.registry import lookup
 from data import imagenet
 from data.spec import DatasetSpec, check_task_features
+from tasks.augmentation.flip_and_crop import flip_and_crop
 from tasks.base import Task
-from tasks.image_classification import ImageClassification, flip_and_crop
+from tasks.image_classification import ImageClassification
 from tasks.tabular import TabularClassification, TabularRegression
 from tasks.text_classification import TextClassification
 

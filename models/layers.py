@@ -24,19 +24,6 @@ _state = threading.local()
 _UNIFORM_SCALE = 2.0 ** -24  # 24 random bits -> a float in [0, 1) that float32 represents exactly.
 
 
-def _xor(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-    return tf.bitwise.bitwise_xor(a, b)
-
-
-def keys_from_positions(seed: int, positions: tf.Tensor) -> tf.Tensor:
-    """Per-example uint32 keys from the run's SEED and each example's int64 training-stream position."""
-    positions = tf.cast(positions, tf.int64)
-    high = tf.cast(tf.bitwise.right_shift(positions, tf.constant(32, tf.int64)), tf.uint32)
-    low = tf.cast(tf.bitwise.bitwise_and(positions, tf.constant(0xFFFFFFFF, tf.int64)), tf.uint32)
-    seed_key = lowbias32(_xor(tf.constant(seed & 0xFFFFFFFF, tf.uint32), lowbias32(tf.constant(seed >> 32, tf.uint32))))
-    return lowbias32(_xor(lowbias32(_xor(seed_key, high)), low))
-
-
 @contextlib.contextmanager
 def example_keys(keys: tf.Tensor):
     """Within this block (and thread), StatelessDropout layers draw each example's mask from `keys` [batch]."""
@@ -79,9 +66,9 @@ class StatelessDropout(keras.layers.Layer):
             raise ValueError(f"StatelessDropout needs static shapes after the batch dimension; got {inputs.shape}.")
         unit_hash = lowbias32(tf.reshape(tf.cast(tf.range(units.num_elements()), tf.uint32), units))
         salt = tf.constant(self.salt * 0x9E3779B9 & 0xFFFFFFFF, tf.uint32)  # Spreads small salts over 32 bits.
-        layer_keys = lowbias32(_xor(tf.cast(keys, tf.uint32), salt))
+        layer_keys = lowbias32(tf.bitwise.bitwise_xor(tf.cast(keys, tf.uint32), salt))
         layer_keys = tf.reshape(layer_keys, [-1] + [1] * len(units))
-        bits = lowbias32(_xor(unit_hash[tf.newaxis], layer_keys))
+        bits = lowbias32(tf.bitwise.bitwise_xor(unit_hash[tf.newaxis], layer_keys))
         return tf.cast(tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32)), tf.float32) * _UNIFORM_SCALE
 
     def compute_output_shape(self, input_shape):

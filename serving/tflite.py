@@ -19,6 +19,8 @@ import sys
 
 import tensorflow as tf
 
+from common.errors import ConfigError
+from common.settings import how_to_set
 from common.storage_paths import join
 
 log = logging.getLogger(__name__)
@@ -30,8 +32,6 @@ LABELS_FILE_NAME = "labels.txt"
 def check_image_size(value, example: str):
     """experiment.export_tflite_image_size: None or (height, width), whole numbers >= 1, as a tuple; a ConfigError
     ending with `example` (how to set it) otherwise."""
-    from common.errors import ConfigError
-
     if value is None:
         return None
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and
@@ -132,3 +132,12 @@ def _native_stderr_dropped():
 def _first_line(error: Exception) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0][:200] if lines else "no message"
+
+
+def check_settings(config) -> dict:
+    """experiment.export_tflite (True or False) and experiment.export_tflite_image_size."""
+    if not isinstance(config.export_tflite, bool):
+        raise ConfigError(f"experiment.export_tflite={config.export_tflite!r} must be True or False; e.g. "
+                          f"{how_to_set('export_tflite', True)}.")
+    return {"export_tflite_image_size": check_image_size(config.export_tflite_image_size,
+                                                         how_to_set("export_tflite_image_size", (224, 224)))}

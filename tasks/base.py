@@ -34,8 +34,8 @@ class Task:
     kind = ""
     default_loss = ""
     default_metrics = ()
-    # The training augmentations (training/augmentation.py, by name) this kind of task takes: experiment.augmentation
-    # is checked against it before the dataset is prepared. () = none.
+    # The training augmentations (tasks/augmentation/, by name) this kind of task takes: experiment.augmentation is
+    # checked against it before the dataset is prepared. () = none.
     augmentations = ()
 
     @property

@@ -3,7 +3,7 @@
 - Nothing leaves the machine: GCE_METADATA_HOST/GCE_METADATA_IP point at a loopback stub (tests/metadata_stub.py)
   and NO_GCE_CHECK=true, in this process and (through the environment) in every subprocess a test starts.
 - Replicas on a CPU: the CPU is split into 8 logical devices before TensorFlow initialises, so MirroredStrategy
-  can run 1-8 replicas in this process (tools/replica_invariance.py uses ReductionToOneDevice for that).
+  can run 1-8 replicas in this process (training/replica_invariance.py uses ReductionToOneDevice for that).
 - TFDS_DATA_DIR points at a per-session folder: tests build the bundled digits dataset there and never touch
   ~/tensorflow_datasets or the network.
 - gs://: the `gcs` fixture starts a real GCS API server on loopback (tests/gcs_server/emulator.py) on first use, with

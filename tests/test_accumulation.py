@@ -11,8 +11,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import REPO_ROOT, checkpoint_values, run_train_py
-from tools import replica_invariance
-from training import config_files, experiment
+from training import config_files, experiment, replica_invariance
 from training.learning import step
 
 MLP = "configs/experiments/digits_mlp.gin"

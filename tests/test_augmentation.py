@@ -1,4 +1,4 @@
-"""experiment.augmentation (training/augmentation.py): RandAugment per example, mixup and CutMix in the step, all
+"""experiment.augmentation (tasks/augmentation/by_name.py): RandAugment per example, mixup and CutMix in the step, all
 keyed by (SEED, example position): the same draws at 1, 2 and 4 replicas and across a resume, soft-target losses as
 NumPy computes them, refusals before training, and XLA lowering (a TPU config's --preflight with them on).
 
@@ -14,10 +14,11 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from helpers import checkpoint_values, run_train_py
-from tasks.randaugment import OPS, RandAugment
+from tasks.augmentation import mixing
+from tasks.augmentation.randaugment import OPS, RandAugment
 from tests.helpers import REPO_ROOT
 from training import augmentation
-from training.learning import losses, mixing
+from training.learning import losses
 from training.trainer import Trainer
 
 DIGITS_BATCH = 32  # Global; 8 per replica at 4 replicas.
@@ -286,7 +287,8 @@ def test_augmentation_of_a_task_that_takes_none_is_refused_before_the_dataset_is
 
 
 def test_every_name_a_task_takes_is_a_registered_augmentation():
-    """tasks/ say which names they take; each is one training/augmentation.py resolves (image classification: all)."""
+    """tasks/ say which names they take; each is one tasks/augmentation/by_name.py resolves (image classification:
+    all)."""
     from tasks.base import Task
     from tasks.image_classification import ImageClassification
 

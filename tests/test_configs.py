@@ -43,7 +43,7 @@ def test_error_messages_name_exactly_the_macros_base_gin_defines():
     tell the user to set a macro that does not exist); every other field is experiment.<field>."""
     import re
 
-    from training.config import MACRO_FIELDS, setting
+    from common.settings import MACRO_FIELDS, setting
 
     text = open(os.path.join(REPO_ROOT, "configs", "base.gin")).read()
     bound = dict(re.findall(r"^experiment\.(\w+) = %(\w+)$", text, re.MULTILINE))

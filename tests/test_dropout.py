@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from common.keyed_random import keys_from_positions
 from helpers import checkpoint_values, run_train_py
-from models.layers import StatelessDropout, example_keys, keys_from_positions
+from models.layers import StatelessDropout, example_keys
 
 RATE = 0.3
 

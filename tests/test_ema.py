@@ -164,11 +164,10 @@ def test_export_and_export_best_serve_the_ema_weights(tmp_path, small_config):
 
 
 def test_the_replica_invariance_check_compares_the_averages(data_dir):
-    """tools/replica_invariance.py with EMA on compares ema/<weight> tensors too (the full 1, 2, 4-replica float64
+    """training/replica_invariance.py with EMA on compares ema/<weight> tensors too (the full 1, 2, 4-replica float64
     check at 1e-9 is the 'mlp-adam-ema' case of tests/test_replica_invariance.py); a planted difference in one
     average fails it (negative control)."""
-    from tools import replica_invariance
-    from training import config_files, experiment
+    from training import config_files, experiment, replica_invariance
 
     config_files.parse(["configs/experiments/digits_mlp.gin"], ["EMA_DECAY=0.9"], search_path=config_files.REPO_ROOT)
     runs, probe = replica_invariance.measure(experiment.experiment(), [1, 2], steps=5)

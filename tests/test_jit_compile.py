@@ -2,7 +2,7 @@
 and trains the same weights as 'off' in float64; where it cannot work it is refused before training; 'auto' follows
 the benchmark (docs/throughput.md) and says what it chose; TPUs ignore it; the preflight still compiles.
 
-The float64 agreement is measured as the replica-invariance check measures (tools/replica_invariance.py: its L2 and
+The float64 agreement is measured as the replica-invariance check measures (training/replica_invariance.py: its L2 and
 binding clip forced on, the shipped learning rate and schedule, past the warm-up): worst tensor within 1e-9 relative.
 Measured here: 3.0e-15 (cnn, 1 replica) and 6.3e-16 (mlp, 2 replicas) after 60 steps; the negative control (a
 learning rate 1e-6 larger, no XLA) differs by far more than the tolerance, so the check can fail.
@@ -15,8 +15,7 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from helpers import REPO_ROOT, run_train_py
-from tools import replica_invariance
-from training import config_files, experiment, preflight
+from training import config_files, experiment, preflight, replica_invariance
 from training.trainer import Trainer
 
 DEFAULT = "configs/default.gin"

@@ -237,7 +237,7 @@ def test_the_invariance_check_catches_a_double_gradient_sum_under_lars(data_dir,
     momentum SGD) and the weight-decay term still show it, and the check fails far outside 1e-9."""
     from test_replica_invariance import CASES, PLANTED_BUGS, _shipped
 
-    from tools import replica_invariance
+    from training import replica_invariance
 
     config_file, params, _ = CASES["cnn-lars-polynomial"]
     PLANTED_BUGS["double_gradient_sum"](monkeypatch)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from helpers import REPO_ROOT
-from tools import replica_invariance
+from training import replica_invariance
 
 GUIDE = os.path.join(REPO_ROOT, "docs", "make_it_yours.md")
 MLP = "configs/experiments/digits_mlp.gin"

@@ -19,9 +19,9 @@ import tensorflow as tf
 
 from scripts.local_cluster import LocalJob, tf_configs
 from tests.helpers import REPO_ROOT, read_terminal_until, run_train_py, start_in_own_terminal
-from tools.replica_invariance import TOLERANCE as TOLERANCE_FLOAT64
+from training.replica_invariance import TOLERANCE as TOLERANCE_FLOAT64
 
-# Compared in float64, as tools.replica_invariance compares replica counts: in float32 two runs that are equal in
+# Compared in float64, as training.replica_invariance compares replica counts: in float32 two runs that are equal in
 # exact math part once one ReLU input lands within rounding of zero (docs/correctness.md, "Why float64"). This test
 # met it: at 20 float32 steps the two workers' momentum slots differed from one process's by 1.6e-3, the same figure
 # on every run, and by 7.7e-7 at step 10. In float64 the same comparison gives ~3e-15 after 60 steps.

@@ -1,7 +1,7 @@
 """The same global batch trains the same weights at 1, 2, 4 and 8 replicas, for every shipped model, loss, optimizer
 and offline experiment config; a model, loss or config added without a case here fails the suite.
 
-Checked as docs/correctness.md says (tools/replica_invariance.py): float64, the shipped configs' learning rate,
+Checked as docs/correctness.md says (training/replica_invariance.py): float64, the shipped configs' learning rate,
 schedule and momentum, enough steps to leave the warm-up, L2 and a binding clip forced on, worst tensor within 1e-9.
 Negative controls plant each classic scaling bug in training/learning/step.py and show that docs/correctness.md's
 command on the default config exits 1 for it. Float32 is tested only for what holds there (agreement to rounding
@@ -19,8 +19,7 @@ import tensorflow as tf
 from data.registry import get_dataset_spec
 from helpers import REPO_ROOT, run_module
 from models.registry import MODELS
-from tools import replica_invariance
-from training import config_files, experiment
+from training import config_files, experiment, replica_invariance
 from training.learning import step
 from training.learning.losses import LOSSES
 
@@ -88,10 +87,10 @@ CASES = {
                                                 "adamw.exclude_from_weight_decay=['bias']", "TRAIN_STEPS=100",
                                                 "experiment.lr_schedule='polynomial'", "polynomial.warmup_steps=10"),
                                           [1, 2, 4]),
-    # Augmentation keyed by example (training/augmentation.py): RandAugment per example and mixup in the step, as
+    # Augmentation keyed by example (tasks/augmentation/by_name.py): RandAugment per example and mixup in the step, as
     # shipped; mixup's soft targets through softmax_cross_entropy.
     "digits-cnn-randaugment-mixup": ("configs/experiments/digits_cnn_augmented.gin", (), [1, 2, 4]),
-    # Both batch mixings: mixup or CutMix per step, drawn from (SEED, step) (training/learning/mixing.py).
+    # Both batch mixings: mixup or CutMix per step, drawn from (SEED, step) (tasks/augmentation/mixing.py).
     "digits-cnn-randaugment-mixup-or-cutmix": ("configs/experiments/digits_cnn_augmented.gin",
                                                ("experiment.augmentation=['randaugment', 'mixup', 'cutmix']",),
                                                [1, 2, 4]),
@@ -100,7 +99,7 @@ CASES = {
 
 # MobileNetV3Small's float64 rounding differences (the sums over 1 or 2 replicas' halves of the batch) grow by orders of
 # magnitude within tens of steps through its 50 layers of hard-swish and synchronized BatchNormalization, at a rate
-# that depends on the CPU: at 2 replicas (python -m tools.replica_invariance
+# that depends on the CPU: at 2 replicas (python -m training.replica_invariance
 # --gin_file=configs/experiments/digits_mobilenet_v3_small.gin --replicas=1,2 --steps=N), on one machine 6.1e-14
 # after 5 steps and 3.7e-7 after 40; on an AMD EPYC host (cosine.warmup_steps=3) 1.7e-10 after 5 and 1.4e-2 after
 # 20, the same on the template's previous commit. No fixed bound past the warm-up holds on every CPU, so it is
@@ -195,7 +194,7 @@ def _clip_then_sum(gradients, clip_norm):
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(PLANTED_BUGS))
 def test_the_readme_command_fails_on_each_planted_bug(data_dir, monkeypatch, capsys, bug):
-    """`python -m tools.replica_invariance --gin_file=configs/default.gin` exits 1, far outside the tolerance."""
+    """`python -m training.replica_invariance --gin_file=configs/default.gin` exits 1, far outside the tolerance."""
     PLANTED_BUGS[bug](monkeypatch)
     assert replica_invariance.main(["replica_invariance", f"--gin_file={DEFAULT}", "--replicas=1,2,4,8"]) == 1
     output = capsys.readouterr().out
@@ -206,7 +205,7 @@ def test_the_readme_command_fails_on_each_planted_bug(data_dir, monkeypatch, cap
 
 
 def test_the_readme_command_passes_on_main(data_dir):
-    result = run_module("tools.replica_invariance", f"--gin_file={DEFAULT}", "--replicas=1,2,4,8", timeout=600)
+    result = run_module("training.replica_invariance", f"--gin_file={DEFAULT}", "--replicas=1,2,4,8", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout and "float64, 60 steps" in result.stdout
     assert "forced on: kernel L2 0.001, clip_global_norm" in result.stdout
@@ -358,7 +357,7 @@ def test_the_inspection_finds_seeded_random_layers_by_path_and_skips_harmless_on
     """Nested paths; Dropout of rate 0 and GaussianNoise of stddev 0 draw nothing; RandomFlip's fix is keyed
     augmentation; StatelessDropout is keyed. Negative control: synchronized BatchNormalization is no finding."""
     from models.layers import StatelessDropout
-    from tools import replica_hazards
+    from training import replica_hazards
 
     inputs = keras.Input(shape=(8, 8, 1))
     inner_inputs = keras.Input(shape=(8, 8, 1))
@@ -383,7 +382,7 @@ INSPECTED_CASES = ("cnn-adam-dropout", "mlp-sgd-dropout", "resnet-sgd", "digits-
 
 def test_the_shipped_models_have_nothing_that_breaks_invariance(data_dir):
     """Every registered model, as the check builds it: no finding; its BatchNormalization all synchronized."""
-    from tools import replica_hazards
+    from training import replica_hazards
 
     models = set()
     for case in INSPECTED_CASES:

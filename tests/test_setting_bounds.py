@@ -10,8 +10,9 @@ import pytest
 
 import train
 from common.errors import ConfigError
+from common.settings import MAX_STEPS
 from helpers import run_train_py
-from training.config import MAX_SEED, MAX_STEPS
+from training.build_scope import MAX_SEED
 from training.learning import optimizers
 from training.observers.profiling import check_port_free
 

@@ -89,7 +89,7 @@ def recorded_mode(runs: list[Run], metric: str) -> str | None:
 
 def table(runs: list[Run], labels: list[str], metric: str) -> str:
     """The comparison as aligned text: a row per differing setting and per metric, a column per run."""
-    from training.config import resolve_best_mode
+    from training.run_directory.history import resolve_best_mode
 
     mode = recorded_mode(runs, metric) or resolve_best_mode(metric, "auto")
     keys = sorted(set().union(*(run.config for run in runs)))

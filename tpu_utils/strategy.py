@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from common.registry import meant_name
+from common.settings import require_int
 from tpu_utils.deadline import exit_if_stuck
 from tpu_utils.tpu import facts as tpu_facts
 
@@ -148,3 +149,11 @@ _BUILDERS = {
     "multi_worker_mirrored": _multi_worker_mirrored,
     "tpu": _tpu,
 }
+
+
+def check_settings(config) -> None:
+    """VIRTUAL_DEVICES, experiment.target_replicas and experiment.startup_timeout_seconds (STRATEGY itself, and
+    VIRTUAL_DEVICES with it, when the strategy is made)."""
+    for name in ("virtual_devices", "target_replicas"):
+        require_int(name, getattr(config, name), minimum=0, example=0)
+    require_int("startup_timeout_seconds", config.startup_timeout_seconds, minimum=1, example=300)

@@ -14,6 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from common.settings import require_choice, require_int
+
 
 @contextlib.contextmanager
 def seeded_build(precision: str, seed: int):
@@ -36,3 +38,15 @@ def seeded_build(precision: str, seed: int):
         random.setstate(python_state)
         np.random.set_state(numpy_state)
         tf.random.set_seed(tensorflow_seed)
+
+
+# float64: the replica-invariance check's precision (exact math to ~1e-15); on CPUs only, slow elsewhere.
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "float64")
+# keras.utils.set_random_seed seeds NumPy's legacy generator with SEED, which takes 0 .. 2**32 - 1 only.
+MAX_SEED = 2 ** 32 - 1
+
+
+def check_settings(config) -> None:
+    """SEED and PRECISION, as the build uses them."""
+    require_int("seed", config.seed, minimum=0, example=0, maximum=MAX_SEED, why="2**32 - 1: NumPy's seed range")
+    require_choice("precision", config.precision, PRECISIONS)

@@ -22,6 +22,7 @@ import time
 import tensorflow as tf
 
 from common.errors import ConfigError, TrainingInterrupted
+from common.settings import MAX_STEPS, how_to_set, require_int, setting
 from common.storage_errors import describe
 from tpu_utils.loop import make_any_worker, replica_disagreement
 from tpu_utils.strategy import is_multi_worker
@@ -284,3 +285,18 @@ class Controller:
                 "eval": evaluations[-1]["metrics"] if evaluations else {},
                 "evaluated": [record["step"] for record in evaluations],
                 "skipped": [record["step"] for record in ledger if record["kind"] == "skipped"]}
+
+
+def check_settings(config) -> None:
+    """TRAIN_STEPS, STEPS_PER_LOOP, CHECKPOINT_EVERY and EVAL_EVERY: step counts the device can hold, the last two
+    multiples of STEPS_PER_LOOP (the host only acts between loops)."""
+    for name, minimum, example in (("train_steps", 1, 1000), ("steps_per_loop", 1, 100), ("checkpoint_every", 0, 1000),
+                                   ("eval_every", 0, 1000)):
+        require_int(name, getattr(config, name), minimum=minimum, example=example, maximum=MAX_STEPS,
+                    why="2**31 - 1: step counts are int32 on the device")
+    for name in ("checkpoint_every", "eval_every"):
+        value = getattr(config, name)
+        if value % config.steps_per_loop:
+            nearest = max(1, round(value / config.steps_per_loop)) * config.steps_per_loop
+            raise ConfigError(f"{setting(name)}={value} must be a multiple of STEPS_PER_LOOP={config.steps_per_loop} "
+                              f"(the host only acts between loops); e.g. {how_to_set(name, nearest)}.")

@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from common.errors import ConfigError
-from training.config import ExperimentConfig, how_to_set
+from common.settings import how_to_set, require_choice
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,11 @@ log = logging.getLogger(__name__)
 AUTO_ON = {"cnn": (1, 64)}
 
 
-def resolve(config: ExperimentConfig, model: keras.Model, strategy: tf.distribute.Strategy, *, on_tpu: bool) -> bool:
+def resolve(config, model: keras.Model, strategy: tf.distribute.Strategy, *, per_replica_batch: int,
+            on_tpu: bool) -> bool:
     """Whether the training step compiles its forward and backward pass with XLA, for `config` under `strategy`
-    (`on_tpu`: the config is for TPUs, even where --preflight builds it on CPUs). A ConfigError for 'on' where it
+    at `per_replica_batch` examples per replica (`on_tpu`: the config is for TPUs, even where --preflight builds it
+    on CPUs). A ConfigError for 'on' where it
     cannot work (see the module docstring)."""
     setting = config.jit_compile
     if setting == "off":
@@ -55,12 +57,12 @@ def resolve(config: ExperimentConfig, model: keras.Model, strategy: tf.distribut
                               f"{how_to_set('jit_compile', 'off')} (or 'auto', which chooses off here).")
         log.info("experiment.jit_compile='on': the forward and backward pass compiled with XLA.")
         return True
-    chosen, reason = _auto(config.model, replicas, config.global_batch_size // replicas, obstacle)
+    chosen, reason = _auto(config.model, replicas, per_replica_batch, obstacle)
     log.info("experiment.jit_compile='auto': %s (%s).", "on" if chosen else "off", reason)
     return chosen
 
 
-def _obstacle(config: ExperimentConfig, model: keras.Model, replicas: int, mirrored: bool) -> str:
+def _obstacle(config, model: keras.Model, replicas: int, mirrored: bool) -> str:
     """Why XLA cannot compile this step ('' if it can)."""
     if config.accumulate_steps > 1:
         return f"ACCUMULATE_STEPS={config.accumulate_steps} (the micro-batch loop is not compiled)"
@@ -85,3 +87,11 @@ def _auto(model_name: str, replicas: int, per_replica_batch: int, obstacle: str)
                       "trained faster with XLA in bench/throughput.py, docs/throughput.md")
     return False, (f"MODEL={model_name!r} was faster with XLA only up to {max_replicas} replica(s) and {max_batch} "
                    "examples per replica in bench/throughput.py, docs/throughput.md")
+
+
+# XLA for the per-replica forward and backward pass on CPUs/GPUs; TPUs always compile.
+JIT_COMPILE = ("off", "on", "auto")
+
+
+def check_settings(config) -> None:
+    require_choice("jit_compile", config.jit_compile, JIT_COMPILE)

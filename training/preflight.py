@@ -25,6 +25,7 @@ import tensorflow as tf
 from common.errors import ConfigError
 from common.extras import check_gcs_paths
 from tpu_utils.strategy import configure_virtual_cpus, make_strategy
+from training.batching import batching_for
 from training.config import ExperimentConfig
 from training.trainer import Trainer, nothing_bound
 
@@ -81,10 +82,9 @@ def report(checks: list[Check], config: ExperimentConfig) -> str:
 
 def _check_divisibility(config: ExperimentConfig, replicas: int) -> Check:
     try:
-        config.check_replicas(replicas)
+        per_replica = batching_for(config, replicas).per_replica
     except ConfigError as error:
         return Check("batch divides by the replicas", str(error))
-    per_replica = config.global_batch_size // replicas
     note = f"{per_replica} examples per replica"
     if config.strategy == "tpu" and per_replica % 8:
         note += "; TPUs want a multiple of 8 per replica (ideally 128)"
@@ -128,7 +128,8 @@ def _check_static_shapes(specs: dict) -> Check:
 def _check_xla_compiles(config: ExperimentConfig, replicas: int, train_spec) -> Check:
     """Compiles (does not run) one replica's train step with XLA, at the per-replica batch."""
     one_replica = dataclasses.replace(config, global_batch_size=config.global_batch_size // replicas,
-                                      eval_batch_size=config.eval_batch_for(replicas) // replicas, virtual_devices=0)
+                                      eval_batch_size=batching_for(config, replicas).eval_per_replica,
+                                      virtual_devices=0)
     trainer = Trainer(one_replica, tf.distribute.get_strategy())
     compiled = tf.function(trainer.train_step, jit_compile=True)
     started = time.perf_counter()

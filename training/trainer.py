@@ -1,7 +1,7 @@
 """Trainer: the model, optimizer, metrics, data and compiled loops of one run, built under one strategy.
 
 It knows how to run N training steps and one exact evaluation; it does not decide when (training/controller.py
-does). The replica-invariance check (tools/replica_invariance.py) builds Trainers at several replica counts.
+does). The replica-invariance check (training/replica_invariance.py) builds Trainers at several replica counts.
 """
 
 import dataclasses
@@ -17,11 +17,12 @@ from common.errors import ConfigError
 from data import builders, device_split, pipeline
 from data.registry import bind_task, get_dataset_spec
 from models.registry import MODELS, get_model_builder
+from tasks.augmentation import by_name as augmentation
 from tpu_utils import loop
 from tpu_utils.strategy import io_device_for, is_multi_worker
-from training import augmentation, jit_compile
+from training import jit_compile
+from training.batching import batching_for
 from training.build_scope import seeded_build
-from training.config import ExperimentConfig
 from training.learning import accumulation, step
 from training.learning.ema import WeightAverage, maybe_swapped
 from training.learning.losses import check_per_example_losses, get_loss
@@ -51,11 +52,12 @@ class Trainer:
     has its own batch, so a run can be evaluated on any replica count.
     """
 
-    def __init__(self, config: ExperimentConfig, strategy: tf.distribute.Strategy, *, model_options: dict | None = None,
+    def __init__(self, config, strategy: tf.distribute.Strategy, *, model_options: dict | None = None,
                  training: bool = True, bound_arguments: BoundArguments = nothing_bound):
         self.config = config
         self.strategy = strategy
-        config.check_replicas(strategy.num_replicas_in_sync, training=training)
+        # How each step's examples split over the replicas and micro-batches; a ConfigError if they do not.
+        self.batching = batching_for(config, strategy.num_replicas_in_sync, training=training)
         spec = get_dataset_spec(config.dataset, config.data_dir)
         model_builder = get_model_builder(config.model)
         # Asked of the registered task, before the dataset is prepared (minutes for a large one).
@@ -64,9 +66,8 @@ class Trainer:
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
         self.dataset_spec = bind_task(spec, self.builder, dataset=config.dataset)
         # experiment.augmentation: the task's per-example augmentation, and the step's mixing (mixup, cutmix).
-        rows = config.global_batch_size // (strategy.num_replicas_in_sync * config.accumulate_steps) if training else 0
         task, mixing = augmentation.resolve(config.augmentation, self.dataset_spec.task, dataset=config.dataset,
-                                            rows_per_batch=rows)
+                                            rows_per_batch=self.batching.micro_batch if training else 0)
         self.dataset_spec = dataclasses.replace(self.dataset_spec, task=task)
         self.task = task
         self.mixing = functools.partial(mixing, seed=config.seed, num_classes=task.output_size,
@@ -77,7 +78,8 @@ class Trainer:
             config.train_data_on_device, self.dataset_spec, self.builder, on_tpu=on_tpu,
             multi_worker=is_multi_worker(strategy))
         self._device_split = None
-        self.loss_fn = loss_fn = get_loss(config.loss or self.task.default_loss, self.task)
+        self.loss_name = config.loss or self.task.default_loss  # experiment.loss, else the task's.
+        self.loss_fn = loss_fn = get_loss(self.loss_name, self.task)
 
         # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
         with seeded_build(config.precision, config.seed), strategy.scope():
@@ -108,7 +110,8 @@ class Trainer:
         make_step = step.make_train_step if config.accumulate_steps == 1 else functools.partial(
             accumulation.make_accumulating_train_step, accumulate_steps=config.accumulate_steps)
         # experiment.jit_compile: the forward and backward pass under XLA (never with accumulation: resolve says so).
-        self.jit_compile = jit_compile.resolve(config, self.model, strategy, on_tpu=on_tpu)
+        self.jit_compile = jit_compile.resolve(config, self.model, strategy, on_tpu=on_tpu,
+                                               per_replica_batch=self.batching.per_replica)
         self.train_step = make_step(self.model, self.optimizer, loss_fn, global_batch_size=config.global_batch_size,
                                     clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
                                     seed=config.seed, variables=self.trainable_variables, mixing=self.mixing,
@@ -127,13 +130,13 @@ class Trainer:
             outputs=self._train_outputs, accumulate_dtype=tf.float64 if config.precision == "float64" else tf.float32)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
         self.eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(
-            self.dataset_spec, self.builder, global_batch_size=config.eval_batch_for(strategy.num_replicas_in_sync))
+            self.dataset_spec, self.builder, global_batch_size=self.batching.eval_global_batch)
         self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
         _, target_spec, _ = self.eval_input_fn(tf.distribute.InputContext()).element_spec
-        check_per_example_losses(loss_fn, config.loss or self.task.default_loss, target_spec, self.model.output)
+        check_per_example_losses(loss_fn, self.loss_name, target_spec, self.model.output)
         if self.mixing is not None:  # Mixed batches give the loss soft targets [batch, classes].
-            check_per_example_losses(loss_fn, config.loss or self.task.default_loss,
-                                     tf.TensorSpec([None, task.output_size], tf.float32), self.model.output)
+            check_per_example_losses(loss_fn, self.loss_name, tf.TensorSpec([None, task.output_size], tf.float32),
+                                     self.model.output)
         # EMA off: no `ema` entry, so the default run's checkpoint is what it always was.
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step,
                                               **({"ema": self.ema.trackable} if self.ema is not None else {}))
@@ -218,7 +221,7 @@ class Trainer:
 
 
 
-def _build_model(config: ExperimentConfig, builder, task, overrides: dict | None,
+def _build_model(config, builder, task, overrides: dict | None,
                  bound: BoundArguments) -> keras.Model:
     """The model for `task`: the builder called with the task's input shape, output size and options (e.g. a text
     task's vocab_size), then `overrides`. A model that cannot take this task's inputs is a ConfigError naming both."""

@@ -28,10 +28,11 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from common.errors import ConfigError
+from common.settings import how_to_set
 from common.storage_paths import join
 from training.run_directory.checkpoints import checkpoint_steps, verify
 from training.run_directory.layout import CHECKPOINTS
-from training.variable_selection import select
+from training.variable_selection import check_patterns, select
 
 log = logging.getLogger(__name__)
 
@@ -193,3 +194,21 @@ def table(status: dict) -> str:
     lines = [f"  {'variable':<{width}}  status"] + [f"  {path:<{width}}  {state}" for path, state in status.items()]
     counts = collections.Counter(state.split(" (")[0].split(":")[0] for state in status.values())
     return "\n".join(lines + ["  " + ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))])
+
+
+def check_settings(config) -> dict:
+    """INIT_FROM and the variable patterns: strings, patterns only with a source to load (before any build)."""
+    patterns = {name: check_patterns(f"experiment.{name}", getattr(config, name))
+                for name in ("init_include", "init_exclude", "trainable", "frozen")}
+    init_from = config.init_from
+    if init_from is not None and (not isinstance(init_from, str) or not init_from.strip()):
+        raise ConfigError(f"INIT_FROM={init_from!r} must be a path (a run's model_dir, a checkpoint prefix or a "
+                          ".weights.h5 file, local or gs://) or None; e.g. "
+                          f"{how_to_set('init_from', 'runs/pretrain')}.")
+    if isinstance(init_from, str) and init_from.endswith(".keras"):
+        raise ConfigError(f"INIT_FROM={init_from!r}: a .keras model file is not read; save its weights "
+                          "(keras.saving.load_model(path).save_weights('model.weights.h5')) and give that file.")
+    if init_from is None and (patterns["init_include"] or patterns["init_exclude"]):
+        raise ConfigError("experiment.init_include/init_exclude are set but INIT_FROM is None: set INIT_FROM, e.g. "
+                          f"{how_to_set('init_from', 'runs/pretrain')}, or drop them.")
+    return patterns

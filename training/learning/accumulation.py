@@ -22,6 +22,8 @@ k=1 never comes here: the Trainer builds step.make_train_step, so the default ru
 import keras
 import tensorflow as tf
 
+from common.errors import ConfigError
+from common.settings import MAX_STEPS, how_to_set, nearest_multiple, require_int
 from training.learning import step
 
 
@@ -88,21 +90,38 @@ def make_accumulating_train_step(model: keras.Model, optimizer: keras.optimizers
             lambda index, *_: index < accumulate_steps, body,
             (tf.constant(0), tf.zeros((), tf.float64 if loss_dtype == tf.float64 else tf.float32), zeros),
             parallel_iterations=1)  # One micro-batch at a time: the point of accumulating.
-        gradients = []
-        for data, regularizer, reached in zip(data_sums, gradient_sums, has_gradient, strict=True):
-            if regularizer is not None:
-                regularizer = tf.convert_to_tensor(regularizer)
-            if not reached:
-                gradients.append(regularizer)  # None if nothing reaches the variable, as at k=1.
-            else:
-                gradients.append(data if regularizer is None else regularizer + data)
-        clip_norm = None
-        if clip_global_norm:
-            clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
-        gradients = step.sum_then_clip(gradients, clip_norm)
-        optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        step.apply_summed(optimizer, _combined(data_sums, gradient_sums, has_gradient), variables, clip_global_norm)
         if regularization is None:
             regularization = tf.zeros((), loss.dtype)
         return {"loss": loss, "regularization": regularization}
 
     return train_step
+
+
+def _combined(data_sums: list, regularization_gradients: list, has_gradient: list) -> list:
+    """Per variable: the data gradient summed over micro-batches plus the regularization gradient; None where neither
+    reaches the variable, as at k=1."""
+    gradients = []
+    for data, regularizer, reached in zip(data_sums, regularization_gradients, has_gradient, strict=True):
+        if regularizer is not None:
+            regularizer = tf.convert_to_tensor(regularizer)
+        gradients.append((data if regularizer is None else regularizer + data) if reached else regularizer)
+    return gradients
+
+
+def check_settings(config) -> None:
+    """ACCUMULATE_STEPS: micro-batches of equal size, at least one example each, counted in int32 on the device."""
+    require_int("accumulate_steps", config.accumulate_steps, minimum=1, example=1, maximum=MAX_STEPS,
+                why="2**31 - 1: the micro-batch loop counts in int32 on the device")
+    batch, steps = config.global_batch_size, config.accumulate_steps
+    if steps > batch:  # Suggest a divisor, not a GLOBAL_BATCH_SIZE of k.
+        divisor = next((k for k in range(2, batch + 1) if batch % k == 0), 1)
+        raise ConfigError(f"ACCUMULATE_STEPS={steps} is more than GLOBAL_BATCH_SIZE={batch}, the examples of one "
+                          f"step: each of its micro-batches needs at least one. Use a divisor of {batch} (each "
+                          "micro-batch holds GLOBAL_BATCH_SIZE / ACCUMULATE_STEPS examples), e.g. "
+                          f"{how_to_set('accumulate_steps', divisor)}.")
+    if batch % steps:
+        raise ConfigError(f"GLOBAL_BATCH_SIZE={batch} does not divide by ACCUMULATE_STEPS={steps}: every micro-batch "
+                          f"must have the same size. Use a multiple of {steps}, e.g. "
+                          f"{how_to_set('global_batch_size', nearest_multiple(batch, steps))}, or another "
+                          "ACCUMULATE_STEPS.")

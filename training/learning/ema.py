@@ -27,6 +27,9 @@ import contextlib
 
 import tensorflow as tf
 
+from common.errors import ConfigError
+from common.settings import how_to_set
+
 WARMUP_OFFSET = 10  # d_t <= (1 + t) / (10 + t): tf.train.ExponentialMovingAverage's num_updates warm-up.
 
 
@@ -108,3 +111,12 @@ class WeightAverage:
 def maybe_swapped(average: "WeightAverage | None"):
     """`average.swapped()`, or a no-op block when EMA is off (None)."""
     return contextlib.nullcontext() if average is None else average.swapped()
+
+
+def check_settings(config) -> dict:
+    """EMA_DECAY in [0, 1); 0 is off, like None: one value for "off" downstream."""
+    decay = config.ema_decay
+    if decay is not None and (not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 <= decay < 1):
+        raise ConfigError(f"EMA_DECAY={decay!r} must be a number in [0, 1) (the weight of the old average per step), "
+                          f"or None or 0 for off; e.g. {how_to_set('ema_decay', 0.999)}.")
+    return {"ema_decay": decay or None}

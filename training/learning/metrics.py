@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from common.registry import lookup
+from common.settings import require_names
 
 
 class Metric:
@@ -132,3 +133,8 @@ def make_metrics(names, task) -> list[Metric]:
     if len({metric.name for metric in metrics}) != len(metrics):
         raise ConfigError(f"experiment.metrics={list(names)} names a metric twice; list each once.")
     return metrics
+
+
+def check_settings(config) -> dict:
+    """experiment.metrics: a list of names (looked up in METRICS when the task is known), or None for the task's."""
+    return {"metrics": require_names("metrics", config.metrics, "['accuracy', 'top_5_accuracy']")}

@@ -12,6 +12,7 @@ Weight-decay exclusion (`exclude_from_weight_decay`: regular expressions matched
 variables by path here (`exclude_by_path`), once the model exists, before the optimizer is built.
 """
 
+import math
 import re
 
 import gin
@@ -19,6 +20,7 @@ import keras
 
 from common.errors import ConfigError
 from common.registry import lookup
+from common.settings import how_to_set
 from training.learning import schedules
 from training.learning.lars import DEFAULT_EXCLUDE, LARS, matches_any
 
@@ -146,3 +148,14 @@ def make_optimizer(name: str, *, learning_rate: float, schedule: str, train_step
     optimizer = optimizer(make_schedule(learning_rate, train_steps))
     exclude_by_path(optimizer, variables)
     return optimizer
+
+
+def check_settings(config) -> None:
+    """LEARNING_RATE and experiment.clip_global_norm (the optimizer and schedule by name when they are made)."""
+    rate = config.learning_rate
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate < math.inf:
+        raise ConfigError(f"LEARNING_RATE={rate!r} must be a finite number > 0; e.g. "
+                          f"{how_to_set('learning_rate', 0.01)}.")
+    if config.clip_global_norm is not None and not config.clip_global_norm > 0:
+        raise ConfigError(f"experiment.clip_global_norm={config.clip_global_norm!r} must be > 0, or None to disable "
+                          f"clipping; e.g. {how_to_set('clip_global_norm', 1.0)}.")

@@ -23,6 +23,7 @@ clip_global_norm * scale is clipping the unscaled gradients at clip_global_norm.
 import keras
 import tensorflow as tf
 
+from common.keyed_random import keys_from_positions
 from models import layers
 
 
@@ -52,6 +53,18 @@ def sum_then_clip(gradients: list, clip_norm) -> list:
     if clip_norm is not None:
         gradients, _ = tf.clip_by_global_norm(gradients, clip_norm)
     return gradients
+
+
+def apply_summed(optimizer: keras.optimizers.Optimizer, gradients: list, variables: list,
+                 clip_global_norm: float | None) -> None:
+    """Sums this replica's gradients across replicas, clips the sum by its global norm (under loss scaling the
+    gradients are scaled too, and so is the norm to clip them at), and applies it: with loss scaling,
+    apply_gradients unscales them and skips the step if they are not finite."""
+    clip_norm = None
+    if clip_global_norm:
+        scaling = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        clip_norm = clip_global_norm * optimizer.dynamic_scale if scaling else clip_global_norm
+    optimizer.apply_gradients(zip(sum_then_clip(gradients, clip_norm), variables, strict=True))
 
 
 def disable_implicit_gradient_sum(optimizer: keras.optimizers.Optimizer) -> None:
@@ -85,13 +98,13 @@ def check_per_example(per_example_loss: tf.Tensor, labels: tf.Tensor) -> None:
 def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed: int, mixing=None):
     """(logits, this replica's share of the data loss, its share of the regularization term) of a training batch
     (features, labels, positions), in training mode, with each example's dropout mask keyed by its position.
-    `mixing` (training/learning/mixing.py, None = off): (features, labels, positions) -> (mixed features, soft
+    `mixing` (tasks/augmentation/mixing.py, None = off): (features, labels, positions) -> (mixed features, soft
     targets), which the loss then takes in place of the labels."""
     features, labels, positions = batch
     targets = labels
     if mixing is not None:
         features, targets = mixing(features, labels, positions)
-    with layers.example_keys(layers.keys_from_positions(seed, positions)):
+    with layers.example_keys(keys_from_positions(seed, positions)):
         logits = model(features, training=True)
     per_example_loss = loss_fn(targets, logits)
     check_per_example(per_example_loss, labels)
@@ -129,12 +142,7 @@ def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, l
     def train_step(batch):
         _, labels, _ = batch
         logits, loss, regularization, gradients = forward_backward(batch)
-        clip_norm = None
-        if clip_global_norm:  # Under loss scaling the gradients are scaled too: so is the norm to clip them at.
-            clip_norm = clip_global_norm * optimizer.dynamic_scale if loss_scaling else clip_global_norm
-        gradients = sum_then_clip(gradients, clip_norm)
-        # With loss scaling, apply_gradients unscales them and skips the step if they are not finite.
-        optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        apply_summed(optimizer, gradients, variables, clip_global_norm)
         for metric in metrics:  # Per replica; Keras sums the replicas' totals on read: no rescaling.
             metric.update(labels, logits)
         return {"loss": loss, "regularization": regularization}

@@ -14,6 +14,7 @@ import socket
 import tensorflow as tf
 
 from common.errors import ConfigError
+from common.settings import MAX_STEPS, require_int
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +99,25 @@ class Profiler:
             log.info("Profiler trace written to %s/plugins/profile (TensorBoard: Profile tab).", self.logdir)
         except (tf.errors.OpError, RuntimeError) as error:
             log.warning("Profiler trace not written (%s).", error)
+
+
+MAX_PORT = 65535
+
+
+def check_settings(config) -> dict:
+    """PROFILE_STEPS (start, stop) and PROFILER_PORT."""
+    require_int("profiler_port", config.profiler_port, minimum=0, example=0, maximum=MAX_PORT,
+                why="the largest TCP port; 0 = off", limit_example=6009)
+    return {"profile_steps": check_profile_steps(config.profile_steps)}
+
+
+def check_profile_steps(profile_steps) -> tuple[int, int] | None:
+    """PROFILE_STEPS as (start, stop) with 0 <= start < stop, or None; a ConfigError otherwise."""
+    if profile_steps is None:
+        return None
+    if not isinstance(profile_steps, (tuple, list)) or len(profile_steps) != 2 or \
+            not all(isinstance(value, int) and not isinstance(value, bool) for value in profile_steps) or \
+            not 0 <= profile_steps[0] < profile_steps[1] <= MAX_STEPS:
+        raise ConfigError(f"PROFILE_STEPS={profile_steps!r} must be (start, stop) with 0 <= start < stop <= "
+                          f"{MAX_STEPS} (2**31 - 1), e.g. --gin_param=\"PROFILE_STEPS=(200, 300)\", or None.")
+    return tuple(profile_steps)

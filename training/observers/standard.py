@@ -15,14 +15,15 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from common.errors import NonFiniteLossError
+from common.errors import ConfigError, NonFiniteLossError
 from common.registry import lookup
+from common.settings import how_to_set, require_int, require_names
 from training.observers.base import Evaluation, Observer, TrainLoop
 from training.observers.health import DivergenceMonitor, make_finite_check, non_finite_names
 from training.observers.profiling import Profiler, start_server
 from training.observers.progress import Progress
 from training.observers.summaries import Summaries, event_steps
-from training.run_directory.history import improves, read_records
+from training.run_directory.history import improves, ranked_by, read_records
 from training.run_directory.layout import OPERATIVE_CONFIG, TRAIN_EVENTS
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ class EarlyStopping(Observer):
         config = parts.config
         self.history, self.patience, self.min_delta = parts.record.history, config.early_stop_patience, \
             config.early_stop_min_delta
-        self.metric, self.mode = config.best_by()
+        self.metric, self.mode = ranked_by(config)
 
     def stop_reason(self) -> str | None:
         best = best_step = None
@@ -251,3 +252,22 @@ class _finally:
     def __exit__(self, *exc_info):
         self.action()
         return False
+
+
+def check_settings(config) -> dict:
+    """experiment.observers (names; looked up when the observers are made) and early stopping: EARLY_STOP_PATIENCE
+    needs BEST_METRIC and evaluations during training; experiment.early_stop_min_delta >= 0."""
+    observers = require_names("observers", config.observers, "['my_logger']")
+    require_int("early_stop_patience", config.early_stop_patience, minimum=0, example=0)
+    if config.early_stop_patience:
+        if not config.best_metric:
+            raise ConfigError(f"EARLY_STOP_PATIENCE={config.early_stop_patience} needs BEST_METRIC, the metric that "
+                              f"must improve; e.g. {how_to_set('best_metric', 'eval/accuracy')}.")
+        if not config.eval_every:
+            raise ConfigError(f"EARLY_STOP_PATIENCE={config.early_stop_patience} needs evaluations during training: "
+                              f"set EVAL_EVERY, e.g. {how_to_set('eval_every', config.steps_per_loop * 5)}.")
+    delta = config.early_stop_min_delta
+    if not isinstance(delta, (int, float)) or isinstance(delta, bool) or not 0 <= delta < math.inf:
+        raise ConfigError(f"experiment.early_stop_min_delta={delta!r} must be a number >= 0; e.g. "
+                          f"{how_to_set('early_stop_min_delta', 0.001)}.")
+    return {"observers": observers}

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint_management
 
 from common.errors import ConfigError, StorageError
+from common.settings import require_int
 from common.storage_errors import describe, transient
 from common.storage_paths import join, list_folder
 from common.storage_wait import reporting_on_gcs
@@ -219,3 +220,7 @@ def _read_state(directory: str) -> list[str]:
         return []
     return [state.model_checkpoint_path] + [path for path in reversed(state.all_model_checkpoint_paths)
                                             if path != state.model_checkpoint_path]
+
+
+def check_settings(config) -> None:
+    require_int("checkpoints_to_keep", config.checkpoints_to_keep, minimum=1, example=3)

@@ -26,6 +26,7 @@ import time
 import tensorflow as tf
 
 from common.errors import ConfigError, StorageError
+from common.settings import how_to_set
 from common.storage_errors import describe
 from common.storage_wait import reporting_on_gcs
 from training.run_directory.layout import HISTORY as FILE
@@ -73,7 +74,7 @@ class History:
     def __init__(self, run_dir, *, metric: str = "eval/loss", mode: str = "min",
                  evaluated: tuple[str, ...] | None = None, clock=time.time):
         """`metric` ('eval/<name>') and `mode` ('max' or 'min'): what the best evaluation is, as
-        ExperimentConfig.best_by() resolves BEST_METRIC and BEST_MODE. `evaluated`: the names an evaluation reports
+        `ranked_by` resolves BEST_METRIC and BEST_MODE. `evaluated`: the names an evaluation reports
         ('loss' and the metrics); `metric` must be one of them, checked now rather than at the first evaluation,
         which may be hours of accelerator time away."""
         self.run_dir = run_dir
@@ -182,3 +183,32 @@ class History:
 
 def _lines(records: list[dict]) -> str:
     return "".join(json.dumps(record, sort_keys=True) + "\n" for record in records)
+
+
+BEST_MODES = ("max", "min", "auto")
+
+
+def check_settings(config) -> None:
+    """BEST_METRIC (an evaluation metric, 'eval/<name>'; whether the evaluation reports it is checked when the
+    history is made) and BEST_MODE, before the strategy is made (minutes on a TPU)."""
+    if config.best_mode not in BEST_MODES:
+        raise ConfigError(f"BEST_MODE={config.best_mode!r} must be 'max', 'min' or 'auto'; e.g. "
+                          f"{how_to_set('best_mode', 'max')}.")
+    metric = config.best_metric
+    if metric is not None and not (isinstance(metric, str) and metric.startswith("eval/") and metric[5:]):
+        raise ConfigError(f"BEST_METRIC={metric!r} must name an evaluation metric, e.g. "
+                          f"{how_to_set('best_metric', 'eval/accuracy')} or 'eval/loss'.")
+
+
+def ranked_by(config) -> tuple[str, str]:
+    """(metric, 'max' or 'min'): what evaluations are ranked by: BEST_METRIC and BEST_MODE resolved, or
+    ('eval/loss', 'min') when no BEST_METRIC is set (metrics.json's "best" is then the lowest eval loss)."""
+    metric = config.best_metric or "eval/loss"
+    return metric, resolve_best_mode(metric, config.best_mode if config.best_metric else "auto")
+
+
+def resolve_best_mode(metric: str, mode: str) -> str:
+    """'max' or 'min' for ranking by `metric`; 'auto' is 'min' for losses and errors, else 'max'."""
+    if mode in ("max", "min"):
+        return mode
+    return "min" if any(word in metric for word in ("loss", "error")) else "max"

@@ -20,20 +20,20 @@ import json
 
 from common.errors import ConfigError
 from data import staged_source
-from training.config import ExperimentConfig
+from training.run_directory.history import ranked_by
 
 STRICT_KEYS = ("GLOBAL_BATCH_SIZE", "SEED", "MODEL", "DATASET", "PRECISION", "experiment.optimizer", "DATA_VERSION")
 SIDECAR_KEYS = ("EVAL_EVERY", "BEST_METRIC", "BEST_MODE")  # Who keeps best/: the same for a sidecar.
 
 
-def run_identity(config: ExperimentConfig, model_settings: dict | None = None, data: dict | None = None) -> dict:
+def run_identity(config, model_settings: dict | None = None, data: dict | None = None) -> dict:
     """The identity of `config` as JSON values; `model_settings` as {'cnn.filters': (32, 64), ...}; `data` as
     `data_identity` gives it."""
     identity = {"GLOBAL_BATCH_SIZE": config.global_batch_size, "SEED": config.seed, "MODEL": config.model,
                 "DATASET": config.dataset, "PRECISION": config.precision, "experiment.optimizer": config.optimizer,
                 **({"EMA_DECAY": config.ema_decay} if config.ema_decay else {}),
                 "EVAL_EVERY": config.eval_every, "BEST_METRIC": config.best_metric,
-                "BEST_MODE": config.best_by()[1] if config.best_metric else None,
+                "BEST_MODE": ranked_by(config)[1] if config.best_metric else None,
                 **(data or {}), **(model_settings or {})}
     return json.loads(json.dumps(identity))  # Tuples as lists, as they read back from the file.
 

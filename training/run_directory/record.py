@@ -20,7 +20,7 @@ from training.run_directory import identity as run_identity
 from training.run_directory.best import BestKeeper
 from training.run_directory.checkpoints import CheckpointStore, checkpoint_steps, named_steps, verify
 from training.run_directory.export import export_trainer
-from training.run_directory.history import History, read_records
+from training.run_directory.history import History, ranked_by, read_records
 from training.run_directory.layout import COMMAND, IDENTITY, OPERATIVE_CONFIG, SIDECAR, SUMMARY, RunDirectory
 from training.run_directory.leftovers import remove_leftovers
 
@@ -65,7 +65,7 @@ class RunRecord:
         # Where this role's records go: the sidecar's in eval_sidecar/, beside the training job's.
         self.records = directory.folder(SIDECAR) if role == "continuous_eval" else directory
         self.eval_events = "" if role == "continuous_eval" else "eval"  # TensorBoard folder below `records`.
-        metric, mode = config.best_by()
+        metric, mode = ranked_by(config)
         self.history = History(self.records, metric=metric, mode=mode, evaluated=trainer.evaluated_names)
         self.best = BestKeeper(trainer, directory) if keeps_best(config, role) else None
         self.saved_step = None  # Step of the newest checkpoint this process wrote or restored.

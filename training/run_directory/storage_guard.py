@@ -14,6 +14,7 @@ import logging
 import time
 
 from common.errors import StorageError
+from common.settings import require_int
 from common.storage_errors import describe, transient
 from common.storage_wait import PROGRESS_SECONDS
 
@@ -119,3 +120,7 @@ def _cause(error: BaseException) -> str:
     """The storage's own words for a failure: those of the error a StorageError wraps, else the error's."""
     cause = error.__cause__ if isinstance(error, StorageError) and error.__cause__ is not None else error
     return describe(cause, 200)
+
+
+def check_settings(config) -> None:
+    require_int("storage_timeout_seconds", config.storage_timeout_seconds, minimum=1, example=DEFAULT_TIMEOUT_SECONDS)

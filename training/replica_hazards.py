@@ -1,4 +1,4 @@
-"""What in a built model breaks replica invariance, found by looking at its layers (tools/replica_invariance.py).
+"""What in a built model breaks replica invariance, found by looking at its layers (training/replica_invariance.py).
 
 The check runs the model as its builder makes it when asked for synchronized BatchNormalization
 (`synchronized_batch_norm=True`); a builder may ignore that, or use layers whose random draws depend on the replica
@@ -20,7 +20,7 @@ from models.layers import StatelessDropout
 
 _DROPOUT_FIX = "use models.layers.StatelessDropout(rate, salt=N) (its masks are keyed by example, models/layers.py)"
 _AUGMENT_FIX = ("augment in the input pipeline instead, keyed by example (experiment.augmentation, "
-                "training/augmentation.py)")
+                "tasks/augmentation/by_name.py)")
 _BATCH_NORM_FIX = ("build it with keras.layers.BatchNormalization(synchronized=synchronized_batch_norm), the "
                    "builder's argument (the check passes True; models/registry.py)")
 

@@ -1,7 +1,8 @@
 """Replica-invariance check: does a config train the same weights on 1 replica as on N?
 
-    python -m tools.replica_invariance --gin_file=configs/default.gin --replicas=1,2,4,8
-    python -m tools.replica_invariance --gin_file=configs/experiments/digits_mlp.gin --replicas=1,2,4 --accumulate=1,2,4
+    python -m training.replica_invariance --gin_file=configs/default.gin --replicas=1,2,4,8
+    python -m training.replica_invariance --gin_file=configs/experiments/digits_mlp.gin --replicas=1,2,4 \
+        --accumulate=1,2,4
 
 Trains the config at each replica count (MirroredStrategy over virtual CPU devices) from the same initial weights on
 the same global batches, and compares every model weight with the first (reference) replica count. It runs in
@@ -14,7 +15,7 @@ gradient clip at half the initial gradient norm (unless the config clips), so th
 and clipping before the cross-replica sum are caught like a wrong loss denominator and a double gradient sum.
 The model is built with synchronized_batch_norm=True (per-replica batch statistics are a legitimate difference).
 Dropout stays as configured: masks are keyed by example (models/layers.py), the same at any replica count. The
-header says what is true of the model built (its BatchNormalization and dropout layers, tools/replica_hazards.py),
+header says what is true of the model built (its BatchNormalization and dropout layers, training/replica_hazards.py),
 and a FAIL names the layers that break invariance (an unsynchronized BatchNormalization, a keras.layers.Dropout),
 each with its fix, before the generic likely causes.
 
@@ -43,8 +44,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # TensorFlow loads in the functions that need it, after main() has set its log level.
-    from tools.replica_hazards import ModelFacts
     from training.config import ExperimentConfig
+    from training.replica_hazards import ModelFacts
     from training.trainer import Trainer
 
 TOLERANCE = 1e-9  # float64: exact-math-equal runs agree to ~1e-15; every bug above shows at 1e-4 or more.
@@ -84,7 +85,7 @@ class Probe:
     steps: int
     kernel_l2: float | None = None  # Forced L2 (None: the model's own, or off)
     clip_global_norm: float | None = None
-    model: ModelFacts | None = None  # What the built model has (tools/replica_hazards.py)
+    model: ModelFacts | None = None  # What the built model has (training/replica_hazards.py)
 
 
 def relative_difference(reference: np.ndarray, other: np.ndarray, floor: float = 0.0) -> float:
@@ -103,8 +104,8 @@ def measure(config: ExperimentConfig, replica_counts: list[int], *, steps: int, 
     """Trains `config` for `steps` steps at each replica count (and, with `accumulate`, at each ACCUMULATE_STEPS of
     it for each replica count); returns the runs (compared to the first) and the probe's settings.
     `bound_arguments`: as the Trainer takes it (the model arguments gin binds; None: nothing bound)."""
-    from tools import replica_hazards
     from tpu_utils.strategy import configure_virtual_cpus
+    from training import replica_hazards
 
     configure_virtual_cpus(max(replica_counts))
     accumulate = accumulate or [config.accumulate_steps]
@@ -220,7 +221,7 @@ def default_steps() -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.replica_invariance", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m training.replica_invariance", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gin_file", action="append", default=None)
     parser.add_argument("--gin_param", action="append", default=[])

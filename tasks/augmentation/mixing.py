@@ -3,7 +3,7 @@
 Pairing: the per-replica batch's rows 2k and 2k + 1 are mixed with each other. Every per-replica batch (and every
 micro-batch of ACCUMULATE_STEPS) is a contiguous block of the training stream starting at an even position, because
 step s, replica r takes positions [s G + r b, s G + (r + 1) b) (data/pipeline.py, data/device_split.py) with G and the
-per-replica batch b even (required: training/augmentation.py refuses an odd one). So on one host the partner of
+per-replica batch b even (required: tasks/augmentation/by_name.py refuses an odd one). So on one host the partner of
 stream position p is p XOR 1, whatever the replica count, and after a resume. (With P input pipelines, i.e. hosts,
 each pipeline strides the stream by P, so the partner is p +- P: fixed for a host count, like shard_stream's order.)
 
@@ -32,8 +32,7 @@ import gin
 import tensorflow as tf
 
 from common.errors import ConfigError
-from common.keyed_random import hashed_uniforms
-from models.layers import keys_from_positions
+from common.keyed_random import hashed_uniforms, keys_from_positions
 
 SALT = 0x6D6978 << 32  # Added to SEED for the pair keys: independent of the dropout and augmentation draws.
 SWITCH_SALT = 0x737769 << 32  # Added to SEED for the per-step choice between mixup and CutMix.
@@ -127,7 +126,7 @@ class Mixing:
         columns = tf.range(width, dtype=tf.float32)[tf.newaxis, tf.newaxis, :]
         box = ((rows >= top[:, None, None]) & (rows < bottom[:, None, None])
                & (columns >= left[:, None, None]) & (columns < right[:, None, None]))
-        area = (bottom - top) * (right - left) * (1.0 / (height * width))  # No division: see tasks/randaugment.py.
+        area = (bottom - top) * (right - left) * (1.0 / (height * width))  # No division: see randaugment.py.
         larger = area > 0.5
         region = tf.math.logical_xor(box, larger[:, None, None])
         return region, tf.maximum(area, 1.0 - area)

@@ -2,11 +2,11 @@
 
     experiment.augmentation = ['flip_and_crop', 'randaugment', 'mixup']
 
-Per-example ones run where the task prepares a training example, in the order listed ('flip_and_crop': CIFAR-10's
-flip and crop at any size, tasks/image_classification.py; 'randaugment': tasks/randaugment.py); each gets its own
-stream of the example's seed (SEED, position). Batch ones ('mixup', 'cutmix': training/learning/mixing.py) run in the
-training step on the device, pairing rows 2k and 2k + 1; naming both switches between them per batch (CutMix with
-probability mixup_or_cutmix.cutmix_probability, 0.5), as timm and DeiT do. None (the default) keeps the dataset's own
+Per-example ones ('flip_and_crop': CIFAR-10's flip and crop at any size, flip_and_crop.py; 'randaugment':
+randaugment.py) run where the task prepares a training example, in the order listed, each with its own stream of the
+example's seed (SEED, position). Batch ones ('mixup', 'cutmix': mixing.py) run in the training step on the device,
+pairing rows 2k and 2k + 1; naming both switches between them per batch (CutMix with probability
+mixup_or_cutmix.cutmix_probability, 0.5), as timm and DeiT do. None (the default) keeps the dataset's own
 augmentation (CIFAR-10: flip-and-crop, data/registry.py); [] turns it off. Which names a task takes is the task's
 own `augmentations` (tasks/base.py; image classification takes all four), asked by `check` before the dataset is
 prepared. Evaluation never augments and scores the hard labels.
@@ -18,9 +18,10 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from common.registry import lookup
-from tasks.image_classification import ImageClassification, flip_and_crop
-from tasks.randaugment import randaugment
-from training.learning.mixing import cutmix, mixup, mixup_or_cutmix
+from tasks.augmentation.flip_and_crop import flip_and_crop
+from tasks.augmentation.mixing import cutmix, mixup, mixup_or_cutmix
+from tasks.augmentation.randaugment import randaugment
+from tasks.image_classification import ImageClassification
 
 PER_EXAMPLE = ("flip_and_crop", "randaugment")
 PER_BATCH = {"mixup": mixup, "cutmix": cutmix}
@@ -66,7 +67,7 @@ def check(names, task, *, dataset: str) -> tuple[str, ...] | None:
                           "--gin_param=\"experiment.augmentation=['randaugment', 'mixup']\".")
     for name in names:
         lookup(AUGMENTATIONS, name, named=f"experiment.augmentation entry {name!r}", known="augmentations",
-               where="training/augmentation.py")
+               where="tasks/augmentation/by_name.py")
     if len(set(names)) != len(names):
         raise ConfigError(f"experiment.augmentation={list(names)} names one augmentation twice; list each once.")
     refused = [name for name in names if name not in task.augmentations]
@@ -94,6 +95,12 @@ def resolve(names, task, *, dataset: str, rows_per_batch: int) -> tuple[object, 
               "randaugment": lambda: on_unit_pixels(randaugment(), task)}
     augments = [makers[name]() for name in names if name in PER_EXAMPLE]
     task = dataclasses.replace(task, augment=chain(augments) if augments else None)
-    if len(batch_names) == 2:  # Both: one of them per batch (training/learning/mixing.py MixupOrCutmix).
+    if len(batch_names) == 2:  # Both: one of them per batch (tasks/augmentation/mixing.py MixupOrCutmix).
         return task, mixup_or_cutmix()
     return task, PER_BATCH[batch_names[0]]() if batch_names else None
+
+
+def check_settings(config) -> dict:
+    """experiment.augmentation as a tuple (a gin list); the names are checked against the task (`check`)."""
+    return {"augmentation": tuple(config.augmentation) if isinstance(config.augmentation, list)
+            else config.augmentation}
