@@ -13,11 +13,9 @@ Where it cannot work, 'on' is refused before training (ConfigError, exit 2) and 
 - ACCUMULATE_STEPS > 1: the micro-batch loop (training/learning/accumulation.py) is not compiled.
 On TPUs everything is compiled by XLA already: 'on' and 'auto' change nothing there (logged).
 
-'auto' follows the benchmark (bench/throughput.py; the table and the command are in docs/throughput.md, "XLA"): on
-for the models, replica counts and per-replica batches where XLA trained faster on this machine's CPUs in every
-session measured (the small CNN at 1 replica and batch 64), off elsewhere (it slowed the MLP, the wide CNN and
-ResNet-20 to 0.4-0.9x). On a GPU measure it with the benchmark before relying on it.
-The choice and its reason are logged.
+'auto' follows the benchmark (bench/throughput.py; docs/throughput.md, "XLA", has the table and the command): on
+only where XLA trained faster in every session measured (AUTO_ON), off elsewhere; on a GPU, measure before relying
+on it. The choice and its reason are logged.
 """
 
 import logging

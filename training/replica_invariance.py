@@ -5,30 +5,13 @@
         --accumulate=1,2,4
 
 Trains the config at each replica count (MirroredStrategy over virtual CPU devices) from the same initial weights on
-the same global batches, and compares every model weight with the first (reference) replica count. It runs in
-float64 at the config's own optimizer, learning rate, schedule and momentum, for enough steps to leave the warm-up
-(at least 40), so a bug has time to show and rounding does not: in float32 two exact-math-equal runs part after a
-rounding-level sign flip of one ReLU input (measured: 2.5e-3 in one step), in float64 they agree to ~1e-15.
-
-The probe turns on what the classic bugs need to show: an L2 kernel regularizer (unless the model has one) and a
-gradient clip at half the initial gradient norm (unless the config clips), so that an unscaled regularization loss
-and clipping before the cross-replica sum are caught like a wrong loss denominator and a double gradient sum.
-The model is built with synchronized_batch_norm=True (per-replica batch statistics are a legitimate difference).
-Dropout stays as configured: masks are keyed by example (models/layers.py), the same at any replica count. The
-header says what is true of the model built (its BatchNormalization and dropout layers, training/replica_hazards.py),
-and a FAIL names the layers that break invariance (an unsynchronized BatchNormalization, a keras.layers.Dropout),
-each with its fix, before the generic likely causes.
-
-Per tensor: max|a - b| / max(max|a|, 1% of the largest weight of the model); the worst tensor is the figure; it must
-be <= 1e-9, and the loss must agree to 1e-9 (relative). The floor keeps a tensor whose gradient is zero in exact math
-(e.g. a bias before BatchNormalization, which holds only rounding noise) from failing on noise.
-
-`--accumulate=1,2,4` adds the gradient-accumulation axis (ACCUMULATE_STEPS, training/learning/accumulation.py): every
-replica count at every k, all compared with the first (replicas, k) pair, at the same global batch. Only for models
-without BatchNormalization: BN normalises each micro-batch by its own statistics, which is a legitimate difference.
-
-With EMA_DECAY set (training/learning/ema.py), the moving averages are compared like the weights (named
-ema/<weight>).
+the same global batches, in float64 (in float32 exact-math-equal runs part after one ReLU input rounds to the other
+side of its kink), at the config's own optimizer and schedule, past the warm-up, and compares every weight (and EMA
+average) with the first replica count: the worst max|a - b| / max(max|a|, 1% of the largest weight) must be <= 1e-9.
+The probe turns on what the classic bugs need to show (an L2 regularizer, a binding gradient clip, synchronized
+BatchNormalization); the header says what is true of the model built, and a FAIL names the layers that break
+invariance (training/replica_hazards.py). `--accumulate` adds the ACCUMULATE_STEPS axis (models without
+BatchNormalization). docs/correctness.md has the method and the measured figures.
 
 Exit 0 if every run passes, 1 if not, 2 for a bad config. Run it after editing a model, a loss or the training step.
 """
