@@ -14,10 +14,10 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from helpers import checkpoint_values, run_train_py
+from tasks.augmentation import by_name as augmentation
 from tasks.augmentation import mixing
 from tasks.augmentation.randaugment import OPS, RandAugment
 from tests.helpers import REPO_ROOT
-from training import augmentation
 from training.learning import losses
 from training.trainer import Trainer
 

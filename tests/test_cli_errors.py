@@ -91,7 +91,7 @@ def test_every_registry_by_name_suggests_the_name_meant(data_dir):
     from common.registry import lookup
     from data.registry import get_dataset_spec
     from models.registry import get_model_builder
-    from training import augmentation
+    from tasks.augmentation import by_name as augmentation
     from training.learning.losses import get_loss
     from training.learning.metrics import make_metrics
     from training.learning.optimizers import make_optimizer

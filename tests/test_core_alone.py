@@ -1,9 +1,10 @@
-"""The core runs without its extras: a fork may delete scripts/, tools/, data/stage/, gcs/ and bench/ and still train
-the default config (tests/test_layout.py checks the imports; this runs the result).
+"""The core runs without its extras: a fork may delete every folder of common/extras.py FOLDERS and still train the
+default config and pass the core's tests (tests/test_layout.py checks the imports; this runs the result).
 
-In a temporary copy of the repository's tracked files without the extras: `python train.py` trains the default
-config to its stated result and exports; a gs:// model_dir stops with exit 2 naming gcs/ as the folder to restore
-(before any storage is contacted). Negative control: the same copy without tasks/, a core folder, does not train.
+In a temporary copy of the repository's files without the extras: `python train.py` trains the default config to its
+stated result and exports; a gs:// model_dir stops with exit 2 naming gcs/ as the folder to restore (before any
+storage is contacted); `pytest -m core` passes with nothing skipped. Negative control: the same copy without tasks/,
+a core folder, does not train.
 """
 
 import ast
@@ -20,10 +21,23 @@ from helpers import REPO_ROOT
 EXTRAS = tuple(FOLDERS)  # common/extras.py: the one list of the extras.
 
 
+def repository_files() -> list[str]:
+    """The repository's files: git's list in a clone; in a copy without git (this test run inside such a copy), every
+    file but the virtualenv, caches and run outputs."""
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True)
+    if listed.returncode == 0:
+        return listed.stdout.split()
+    skipped = {".git", ".venv", "runs", "tmp", "tensorflow_datasets", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    files = []
+    for folder, subfolders, names in os.walk(REPO_ROOT):
+        subfolders[:] = [name for name in subfolders if name not in skipped]
+        files += [os.path.relpath(os.path.join(folder, name), REPO_ROOT) for name in names]
+    return files
+
+
 def copy_without(tmp_path, removed: tuple[str, ...]) -> str:
-    files = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     root = tmp_path / "fork"
-    for path in files.split():
+    for path in repository_files():
         if any(path == folder or path.startswith(folder + "/") for folder in removed) or not \
                 os.path.exists(os.path.join(REPO_ROOT, path)):
             continue
@@ -52,6 +66,22 @@ def test_the_default_config_trains_and_exports_without_the_extras(tmp_path):
     assert "gcs/ is needed for gs:// paths" in result.stderr and "git checkout" in result.stderr, result.stderr
 
 
+@pytest.mark.slow
+def test_the_cores_tests_pass_in_a_fork_without_the_extras(tmp_path):
+    """The forker's check after an edit, `pytest -m core -n 2`, in the copy without the extras: it passes, nothing
+    skipped and no collection error (the extras' own tests are left out there: tests/conftest.py). Slow (the core's
+    whole fast suite, a few minutes) because that is the property."""
+    root = copy_without(tmp_path, EXTRAS)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "core", "-n", "2", "-q", "-p", "no:cacheprovider"],
+                            cwd=root, capture_output=True, text=True, timeout=1800,
+                            env={**os.environ, "PYTHONPATH": ""})
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    assert " passed" in summary and "skipped" not in summary and "error" not in summary, summary
+    assert int(summary.split(" passed")[0].split()[-1]) >= 300, summary  # The core's tests ran, not a handful.
+
+
+@pytest.mark.slow
 def test_a_copy_without_a_core_folder_does_not_train(tmp_path):
     """Negative control: the check above can fail: without tasks/ the same command fails."""
     root = copy_without(tmp_path, EXTRAS + ("tasks",))

@@ -178,3 +178,45 @@ def test_readme_names_exactly_the_extras_of_the_one_list():
     assert readme_extras(text) == list(extras.FOLDERS)
     # Negative control: a README that forgets one is caught.
     assert readme_extras(text.replace("`bench/`; and", "and")) != list(extras.FOLDERS)
+
+
+def imports_of_test_module(path: str) -> set[str]:
+    """What a test module imports: first-party modules (as `imported_modules`) and the tests' own modules (helpers,
+    serving_runs, other test modules), by bare name."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    local = {os.path.basename(name)[:-3] for name in glob.glob(os.path.join(REPO_ROOT, "tests", "*.py"))}
+    names = set(imported_modules(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("tests", *local):
+            names.add(node.module.removeprefix("tests."))
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names if alias.name in local)
+    return names
+
+
+def extras_reached(module: str, seen: set[str] | None = None) -> set[str]:
+    """The extras a test module (bare name) imports, itself or through the tests' modules it imports."""
+    seen = set() if seen is None else seen
+    path = os.path.join(REPO_ROOT, "tests", f"{module}.py")
+    if module in seen or not os.path.exists(path):
+        return set()
+    seen.add(module)
+    found = set()
+    for name in imports_of_test_module(path):
+        if is_extra(name):
+            found.add(name)
+        elif "." not in name:
+            found |= extras_reached(name, seen)
+    return found
+
+
+def test_the_cores_tests_import_no_extra():
+    """`pytest -m core` runs in a fork without the extras (tests/test_core_alone.py): no core test module imports
+    one, itself or through a test helper. (tests/conftest.py leaves out the other test modules of a deleted extra.)"""
+    from conftest import CORE_TEST_MODULES
+
+    offenders = {module: sorted(extras_reached(module)) for module in sorted(CORE_TEST_MODULES)
+                 if extras_reached(module)}
+    assert not offenders, offenders
+    # Negative control: the extras' own tests are found importing them.
+    assert extras_reached("test_run_lock_gcs") == {"gcs.run_lock"}
