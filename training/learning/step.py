@@ -104,13 +104,22 @@ def forward(model: keras.Model, loss_fn, batch, *, global_batch_size: int, seed:
     targets = labels
     if mixing is not None:
         features, targets = mixing(features, labels, positions)
-    with layers.example_keys(keys_from_positions(seed, positions)):
+    if _keyed(model):  # Each example's dropout mask is keyed by its position (models/layers.py).
+        with layers.example_keys(keys_from_positions(seed, positions)):
+            logits = model(features, training=True)
+    else:  # Nothing in the model draws per example: no keys to publish.
         logits = model(features, training=True)
     per_example_loss = loss_fn(targets, logits)
     check_per_example(per_example_loss, labels)
     loss = average_over_global_batch(per_example_loss, global_batch_size)
     regularization = regularization_share(model.losses) if model.losses else tf.zeros((), loss.dtype)
     return logits, loss, regularization
+
+
+def _keyed(model: keras.Model) -> bool:
+    """Whether `model` has a layer that draws from the examples' keys (StatelessDropout); decided when the step is
+    traced."""
+    return any(isinstance(layer, layers.StatelessDropout) for layer in model._flatten_layers(include_self=False))
 
 
 def make_train_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, loss_fn, *, global_batch_size: int,
