@@ -67,6 +67,7 @@ def test_the_default_config_trains_and_exports_without_the_extras(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # The core's suite: a few minutes on a quiet 2-core machine, longer beside other tests.
 def test_the_cores_tests_pass_in_a_fork_without_the_extras(tmp_path):
     """The forker's check after an edit, `pytest -m core -n 2`, in the copy without the extras: it passes, nothing
     skipped and no collection error (the extras' own tests are left out there: tests/conftest.py). Slow (the core's
