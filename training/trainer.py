@@ -58,67 +58,84 @@ class Trainer:
         self.strategy = strategy
         # How each step's examples split over the replicas and micro-batches; a ConfigError if they do not.
         self.batching = batching_for(config, strategy.num_replicas_in_sync, training=training)
+        # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
+        self.on_tpu = config.strategy == "tpu" or isinstance(strategy, tf.distribute.TPUStrategy)
+        model_builder = get_model_builder(config.model)  # An unknown MODEL: exit 2 before the data is prepared.
+        self._prepare_data(training=training)
+        # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
+        with seeded_build(config.precision, config.seed), strategy.scope():
+            self._build_state(model_builder, model_options, bound_arguments)
+        self.train_data_on_device = training and device_split.wanted(
+            config.train_data_on_device, self.dataset_spec, self.builder, on_tpu=self.on_tpu,
+            multi_worker=is_multi_worker(strategy))
+        self._device_split = None
+        self._build_loops()
+        # EMA off: no `ema` entry, so the default run's checkpoint is what it always was.
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step,
+                                              **({"ema": self.ema.trackable} if self.ema is not None else {}))
+
+    def _prepare_data(self, *, training: bool) -> None:
+        """The dataset prepared in DATA_DIR, its task (what is learned) with experiment.augmentation applied, the
+        step's mixing (mixup, CutMix) and the per-example loss."""
+        config = self.config
         spec = get_dataset_spec(config.dataset, config.data_dir)
-        model_builder = get_model_builder(config.model)
         # Asked of the registered task, before the dataset is prepared (minutes for a large one).
         augmentation.check(config.augmentation, spec.task, dataset=config.dataset)
         self.builder = builders.load_builder(spec, config.data_dir)  # The TFDS builder, prepared in DATA_DIR.
         # The task completed from the prepared dataset (class names, feature statistics): what is learned.
-        self.dataset_spec = bind_task(spec, self.builder, dataset=config.dataset)
-        # experiment.augmentation: the task's per-example augmentation, and the step's mixing (mixup, cutmix).
-        task, mixing = augmentation.resolve(config.augmentation, self.dataset_spec.task, dataset=config.dataset,
+        dataset_spec = bind_task(spec, self.builder, dataset=config.dataset)
+        task, mixing = augmentation.resolve(config.augmentation, dataset_spec.task, dataset=config.dataset,
                                             rows_per_batch=self.batching.micro_batch if training else 0)
-        self.dataset_spec = dataclasses.replace(self.dataset_spec, task=task)
-        self.task = task
+        self.dataset_spec, self.task = dataclasses.replace(dataset_spec, task=task), task
         self.mixing = functools.partial(mixing, seed=config.seed, num_classes=task.output_size,
                                         global_batch_size=config.global_batch_size) if mixing else None
-        # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
-        on_tpu = config.strategy == "tpu" or isinstance(strategy, tf.distribute.TPUStrategy)
-        self.train_data_on_device = training and device_split.wanted(
-            config.train_data_on_device, self.dataset_spec, self.builder, on_tpu=on_tpu,
-            multi_worker=is_multi_worker(strategy))
-        self._device_split = None
-        self.loss_name = config.loss or self.task.default_loss  # experiment.loss, else the task's.
-        self.loss_fn = loss_fn = get_loss(self.loss_name, self.task)
+        self.loss_name = config.loss or task.default_loss  # experiment.loss, else the task's.
+        self.loss_fn = get_loss(self.loss_name, task)
 
-        # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
-        with seeded_build(config.precision, config.seed), strategy.scope():
-            self.model = _build_model(config, model_builder, self.task, model_options, bound_arguments)
-            self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
-                                            schedule=config.lr_schedule, train_steps=config.train_steps,
-                                            variables=self.model.trainable_variables)
-            if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
-                self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-            # experiment.trainable / frozen: the variables the optimizer builds slots for and updates.
-            self.trainable_variables, self.frozen_variables = freeze(self.model, trainable=config.trainable,
-                                                                     frozen=config.frozen)
-            if self.frozen_variables:
-                log.info("Frozen (experiment.trainable/frozen; not trained): %s.",
-                         ", ".join(variable.path for variable in self.frozen_variables))
-            self.optimizer.build(self.trainable_variables)  # Before tracing and before restoring.
-            # EMA_DECAY: a moving average of the trained weights, evaluated and exported (training/learning/ema.py).
-            self.ema = WeightAverage(self.trainable_variables, config.ema_decay) if config.ema_decay else None
-            # Global batches consumed: positions the data on resume. Not optimizer.iterations, which does not
-            # count a step that loss scaling skipped.
-            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-            self.train_metrics = make_metrics(config.metrics, self.task)
-            self.eval_loss = keras.metrics.Mean("loss")
-            self.eval_metrics = make_metrics(config.metrics, self.task)
+    def _build_state(self, model_builder, model_options: dict | None, bound_arguments: BoundArguments) -> None:
+        """Under the strategy's scope: the model, its optimizer (built: slots before tracing and restoring), the
+        trained and frozen variables, the EMA, the step counter and the metrics."""
+        config = self.config
+        self.model = _build_model(config, model_builder, self.task, model_options, bound_arguments)
+        self.optimizer = make_optimizer(config.optimizer, learning_rate=config.learning_rate,
+                                        schedule=config.lr_schedule, train_steps=config.train_steps,
+                                        variables=self.model.trainable_variables)
+        if config.precision == "mixed_float16":  # float16 gradients underflow without loss scaling.
+            self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
+        # experiment.trainable / frozen: the variables the optimizer builds slots for and updates.
+        self.trainable_variables, self.frozen_variables = freeze(self.model, trainable=config.trainable,
+                                                                 frozen=config.frozen)
+        if self.frozen_variables:
+            log.info("Frozen (experiment.trainable/frozen; not trained): %s.",
+                     ", ".join(variable.path for variable in self.frozen_variables))
+        self.optimizer.build(self.trainable_variables)
+        # EMA_DECAY: a moving average of the trained weights, evaluated and exported (training/learning/ema.py).
+        self.ema = WeightAverage(self.trainable_variables, config.ema_decay) if config.ema_decay else None
+        # Global batches consumed: positions the data on resume. Not optimizer.iterations, which does not count a
+        # step that loss scaling skipped.
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.train_metrics = make_metrics(config.metrics, self.task)
+        self.eval_loss = keras.metrics.Mean("loss")
+        self.eval_metrics = make_metrics(config.metrics, self.task)
 
+    def _build_loops(self) -> None:
+        """The replica steps and the on-device loops of training and evaluation, and the eval input; checks that the
+        loss gives per-example losses for the eval split's targets (and the mixed soft targets)."""
+        config, strategy = self.config, self.strategy
         # k=1 is the plain step, unchanged; k>1 sums k micro-batches' gradients per optimizer step.
         make_step = step.make_train_step if config.accumulate_steps == 1 else functools.partial(
             accumulation.make_accumulating_train_step, accumulate_steps=config.accumulate_steps)
         # experiment.jit_compile: the forward and backward pass under XLA (never with accumulation: resolve says so).
-        self.jit_compile = jit_compile.resolve(config, self.model, strategy, on_tpu=on_tpu,
+        self.jit_compile = jit_compile.resolve(config, self.model, strategy, on_tpu=self.on_tpu,
                                                per_replica_batch=self.batching.per_replica)
-        self.train_step = make_step(self.model, self.optimizer, loss_fn, global_batch_size=config.global_batch_size,
+        self.train_step = make_step(self.model, self.optimizer, self.loss_fn,
+                                    global_batch_size=config.global_batch_size,
                                     clip_global_norm=config.clip_global_norm, metrics=self.train_metrics,
                                     seed=config.seed, variables=self.trainable_variables, mixing=self.mixing,
                                     **({"jit_compile": True} if self.jit_compile else {}))
         if self.ema is not None:
             self.train_step = self.ema.after(self.train_step)
-        eval_step = step.make_eval_step(self.model, loss_fn, loss=self.eval_loss, metrics=self.eval_metrics)
         # The training loss is the data loss, as in evaluation; the regularization term is reported apart.
         self._train_outputs = ("loss", "regularization") if self.model.losses else ("loss",)
         replica_local = self.model.non_trainable_variables
@@ -128,18 +145,16 @@ class Trainer:
         self._train_loop = loop.make_train_loop(
             strategy, self.train_step, self.global_step, replica_local,
             outputs=self._train_outputs, accumulate_dtype=tf.float64 if config.precision == "float64" else tf.float32)
+        eval_step = step.make_eval_step(self.model, self.loss_fn, loss=self.eval_loss, metrics=self.eval_metrics)
         self._eval_loop = loop.make_eval_loop(strategy, eval_step)
         self.eval_input_fn, self._eval_steps = pipeline.make_eval_input_fn(
             self.dataset_spec, self.builder, global_batch_size=self.batching.eval_global_batch)
         self._eval_dataset = strategy.distribute_datasets_from_function(self.eval_input_fn)
         _, target_spec, _ = self.eval_input_fn(tf.distribute.InputContext()).element_spec
-        check_per_example_losses(loss_fn, self.loss_name, target_spec, self.model.output)
+        check_per_example_losses(self.loss_fn, self.loss_name, target_spec, self.model.output)
         if self.mixing is not None:  # Mixed batches give the loss soft targets [batch, classes].
-            check_per_example_losses(loss_fn, self.loss_name, tf.TensorSpec([None, task.output_size], tf.float32),
-                                     self.model.output)
-        # EMA off: no `ema` entry, so the default run's checkpoint is what it always was.
-        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step,
-                                              **({"ema": self.ema.trackable} if self.ema is not None else {}))
+            check_per_example_losses(self.loss_fn, self.loss_name,
+                                     tf.TensorSpec([None, self.task.output_size], tf.float32), self.model.output)
 
     def warm_start(self) -> dict:
         """Loads the model variables from INIT_FROM (training/warm_start.py); the optimizer and the step stay new."""
