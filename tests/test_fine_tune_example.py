@@ -2,8 +2,9 @@
 figures its header states: the documented commands are run as written (pretrain on digits 0-4, then digits 5-9 from
 10 labels per digit with and without INIT_FROM, the same 30 steps), and their test accuracies are asserted.
 
-Tolerances: the runs are deterministic on one machine (seed 0); TOLERANCE (3 points) allows for another CPU's
-rounding. The negative control is the scratch run itself, the same command without INIT_FROM: the warm start must
+Tolerances: the runs are deterministic on one machine (seed 0), not across machines: 30 SGD steps on 50 images
+amplify another CPU's rounding (warm start 83.7% here, 80.3% on CI's machine: 6 of the 178 test images). TOLERANCE
+(6 points) bounds that. The negative control is the scratch run itself, the same command without INIT_FROM: the warm start must
 beat it by MARGIN (10 points; 15.2 measured, and 15.2 between the worst warm and the best scratch seed of three).
 """
 
@@ -18,7 +19,7 @@ from helpers import REPO_ROOT, run_train_py
 
 CONFIG = os.path.join(REPO_ROOT, "configs", "experiments", "digits_5_9_fine_tune.gin")
 GUIDE = os.path.join(REPO_ROOT, "docs", "make_it_yours.md")
-TOLERANCE, MARGIN = 0.03, 0.10
+TOLERANCE, MARGIN = 0.06, 0.10
 
 
 def _header() -> str:
