@@ -15,7 +15,7 @@ from common.errors import ConfigError
 FOLDERS = {
     "scripts": "launchers: TPU VMs, local multi-worker jobs, TPU start-up as exports",
     "tools": "compare runs, predictions of an export, TPU config checks",
-    "data/stage": "staging your own data (python -m data.stage)",
+    "stage": "staging your own data (python -m stage)",
     "gcs": "gs:// support: the run lock of a gs:// model_dir, bucket checks",
     "bench": "benchmarks",
 }

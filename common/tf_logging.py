@@ -1,5 +1,5 @@
 """TensorFlow's own start-up lines off by default, for every command: each entry point (train.py, python -m
-tools.predict, tools.compare, training.replica_invariance, data.stage, bench/) calls `quiet_tensorflow()` before
+tools.predict, tools.compare, training.replica_invariance, stage, bench/) calls `quiet_tensorflow()` before
 TensorFlow is imported.
 
 TensorFlow's C++ code logs to stderr below TF_CPP_MIN_LOG_LEVEL, which it reads once, when it loads: 0 everything

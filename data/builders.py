@@ -1,6 +1,6 @@
 """TFDS builder access: find a dataset's builder, build it once into DATA_DIR (offline for the bundled ones), and
 read a split in file order. What the input pipelines (data/pipeline.py, data/shard_stream.py, data/device_split.py)
-and staging (data/stage/) share; errors say how to stage what is missing."""
+and staging (stage/) share; errors say how to stage what is missing."""
 
 import contextlib
 import importlib
@@ -27,7 +27,7 @@ def find_builder(tfds_name: str, data_dir: str | None, *,
         return tfds.builder(tfds_name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as error:  # Its message lists every TFDS name: not repeated.
         raise ConfigError(f"TFDS has no dataset {tfds_name!r}, and none is staged in DATA_DIR={data_dir!r}. Stage "
-                          f"your data there once: python -m data.stage --name={tfds_name} --data_dir=DIR with "
+                          f"your data there once: python -m stage --name={tfds_name} --data_dir=DIR with "
                           "--from_npz=FILE, --from_csv=..., --from_tfrecord=... or --from_image_folder=DIR "
                           "(docs/data.md, 'Bring your own data'), then pass the same DATA_DIR.") from error
 
@@ -36,13 +36,13 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
             dataset: str | None = None) -> bool:
     """Builds the dataset into its data_dir unless it is there already; returns whether it built anything.
     `download_config` carries e.g. manual_dir for datasets without a download (ImageNet); `dataset` is the name
-    `python -m data.stage --dataset=` takes for it, for the hints (default tfds:NAME)."""
+    `python -m stage --dataset=` takes for it, for the hints (default tfds:NAME)."""
     dataset = dataset or f"tfds:{builder.name}"
     if builder.is_prepared():
         return False
     instructions = (getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) or "").strip()
     def stage_command(manual_dir: str) -> str:
-        return (f"python -m data.stage --dataset={dataset} --manual_dir={manual_dir} "
+        return (f"python -m stage --dataset={dataset} --manual_dir={manual_dir} "
                 f"--data_dir={builder.data_dir_root}")
 
     if instructions and not (download_config and download_config.manual_dir):
@@ -77,7 +77,7 @@ def prepare(builder: tfds.core.DatasetBuilder, download_config: tfds.download.Do
 
 
 def _stage_elsewhere(builder: tfds.core.DatasetBuilder, dataset: str) -> str:
-    return (f"Stage it where there is internet (python -m data.stage --dataset={dataset} "
+    return (f"Stage it where there is internet (python -m stage --dataset={dataset} "
             "--data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR.")
 
 

@@ -1,6 +1,6 @@
 """Datasets by name (`DATASET`): which TFDS dataset, which splits, and which task is learned from it.
 
-To add a dataset: make (or pick, or stage with `python -m data.stage --from_...`) a TFDS dataset, then add a
+To add a dataset: make (or pick, or stage with `python -m stage --from_...`) a TFDS dataset, then add a
 `DatasetSpec` to `DATASETS` with the task that reads it (tasks/), or train it as `DATASET='tfds:NAME'` with a task
 inferred from its metadata (data/staged_spec.py). The input pipelines and the serving signature both go through the
 task, so training and serving see the same inputs.
@@ -50,7 +50,7 @@ DATASETS: dict[str, DatasetSpec] = {
                                                     mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616),
                                                     augment=flip_and_crop)),
     # ILSVRC 2012 (1,281,167 train / 50,000 validation images, 1,000 classes): no download exists; stage it from the
-    # two tar files of image-net.org with `python -m data.stage --dataset=imagenet2012 --manual_dir=...`. Read by
+    # two tar files of image-net.org with `python -m stage --dataset=imagenet2012 --manual_dir=...`. Read by
     # shard file (~140 GB); JPEGs decoded to 224 x 224 crops (data/imagenet.py). Serving takes 224 x 224 images.
     "imagenet2012": DatasetSpec(tfds_name="imagenet2012", train_split="train", eval_split="validation",
                                 read_by_shard=True,

@@ -86,12 +86,12 @@ class ShardPlan:
 
 def check_readable(builder: tfds.core.DatasetBuilder, split: str, *, dataset: str | None = None) -> None:
     """A ConfigError unless `split` is prepared as TFRecord shard files with example counts in its metadata;
-    `dataset`: what `python -m data.stage --dataset=` takes for it (default tfds:NAME)."""
+    `dataset`: what `python -m stage --dataset=` takes for it (default tfds:NAME)."""
     name = f"{builder.name}:{split}"
     if split not in builder.info.splits or not builder.info.splits[split].num_examples:
         manual_dir = " --manual_dir=DIR" if getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None) else ""
         raise ConfigError(f"{name} has no shard metadata in {builder.data_dir}: prepare the dataset there first: "
-                          f"python -m data.stage --dataset={dataset or 'tfds:' + builder.name}{manual_dir} "
+                          f"python -m stage --dataset={dataset or 'tfds:' + builder.name}{manual_dir} "
                           f"--data_dir={builder.data_dir_root}")
     if builder.info.file_format != tfds.core.FileFormat.TFRECORD:
         raise ConfigError(f"{name} is stored as {builder.info.file_format.value}; reading by shard needs TFRecord "

@@ -21,11 +21,11 @@ class DatasetSpec:
     # (data/shard_stream.py); True/False force one. Large datasets should say True.
     read_by_shard: bool | None = None
     # The DATASET name it was found by ('digits', 'tfds:my_data'); set by data/registry.get_dataset_spec. Error hints
-    # tell `python -m data.stage --dataset=` to take it.
+    # tell `python -m stage --dataset=` to take it.
     name: str | None = None
 
     def stage_name(self) -> str:
-        """What `python -m data.stage --dataset=` takes to prepare this dataset."""
+        """What `python -m stage --dataset=` takes to prepare this dataset."""
         return self.name or f"tfds:{self.tfds_name}"
 
 

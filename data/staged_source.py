@@ -1,7 +1,7 @@
-"""The record of where a staged dataset came from (`staged_source.json`, written by `python -m data.stage` beside the
-dataset's files: data/stage/fingerprint.py), as the core reads it: a training run records its digest in
+"""The record of where a staged dataset came from (`staged_source.json`, written by `python -m stage` beside the
+dataset's files: stage/fingerprint.py), as the core reads it: a training run records its digest in
 run_identity.json and refuses to resume on the dataset staged again from another source
-(training/run_directory/identity.py). Here, not in data/stage/, so that a fork without the staging extra still
+(training/run_directory/identity.py). Here, not in stage/, so that a fork without the staging extra still
 checks data staged elsewhere."""
 
 import hashlib

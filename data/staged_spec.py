@@ -1,5 +1,5 @@
 """`DATASET='tfds:NAME'`: a DatasetSpec read from a TFDS dataset's own metadata (its features and splits), so a
-dataset staged with `python -m data.stage --from_...` (or any TFDS dataset) trains by name with no code.
+dataset staged with `python -m stage --from_...` (or any TFDS dataset) trains by name with no code.
 
 The task follows from the features (one input, one target; the dataset's supervised_keys decide when set):
 - an Image + a ClassLabel -> ImageClassification: shape and classes from the metadata; pixels scaled by 255 then
@@ -11,7 +11,7 @@ The task follows from the features (one input, one target; the dataset's supervi
 - a Text + a ClassLabel -> TextClassification: tokenised in the graph to 32 token ids, with a vocabulary of up to 998
   words counted on the train split when the run starts (tasks/text_classification.py); the export serves raw strings.
 Splits: 'train', and 'test' (else 'validation') for evaluation. For anything else (augmentation, other statistics,
-other keys) register a DatasetSpec in data/registry.py; `python -m data.stage` prints one to start from.
+other keys) register a DatasetSpec in data/registry.py; `python -m stage` prints one to start from.
 """
 
 import numpy as np
@@ -129,7 +129,7 @@ def _recorded(feature, prefix: str):
         return None
 
 
-# How `python -m data.stage` keeps a CSV's column names in the TFDS metadata: the 'features' Tensor's documentation
+# How `python -m stage` keeps a CSV's column names in the TFDS metadata: the 'features' Tensor's documentation
 # (features.json, "description"), read back into the tabular task's feature_names, so the export's serving metadata
 # and `python -m tools.predict` read a CSV by the header it was staged from; and its --id_column, left out of the
 # features, by which `python -m tools.predict` keys each prediction.
@@ -153,12 +153,12 @@ def staged_feature_names(feature) -> tuple[str, ...] | None:
 
 
 def staged_id_column(feature) -> str | None:
-    """The id column recorded in `feature`'s documentation (data.stage --id_column), or None."""
+    """The id column recorded in `feature`'s documentation (python -m stage --id_column), or None."""
     recorded = _recorded(feature, _ID_COLUMN_PREFIX)
     return recorded if isinstance(recorded, str) else None
 
 
-# How `python -m data.stage --image_size=H,W --resize=MODE` keeps the resize in the TFDS metadata: the 'image'
+# How `python -m stage --image_size=H,W --resize=MODE` keeps the resize in the TFDS metadata: the 'image'
 # feature's documentation, read back into the image task's serving_resize, so the export resizes a client's images
 # exactly as staging did (tasks/image_resize.py).
 _IMAGE_RESIZE_PREFIX = "Resized at staging (height, width, mode): "

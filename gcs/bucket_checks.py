@@ -60,7 +60,7 @@ def check_bucket_name(name: str, path: str) -> None:
     placeholder = " (the configs' placeholder)" if bucket.upper() in _PLACEHOLDERS else ""
     raise ConfigError(f"{name}={path!r}: {bucket!r}{placeholder} is not a Cloud Storage bucket name (3-63 lowercase "
                       f"letters, digits, '-', '_' or '.'). Pass your own bucket, e.g. {setting}, in the TPU's region, "
-                      "with the data staged there (python -m data.stage ... --data_dir=gs://my-bucket/"
+                      "with the data staged there (python -m stage ... --data_dir=gs://my-bucket/"
                       "tensorflow_datasets).")
 
 

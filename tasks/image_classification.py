@@ -33,7 +33,7 @@ class ImageClassification(ClassificationTask):
     train_decoder: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None
     eval_decoder: Callable[[tf.Tensor], tf.Tensor] | None = None
     class_names: tuple[str, ...] | None = None  # From the dataset's ClassLabel (bind).
-    # (H, W, mode) when the images were resized at staging (python -m data.stage --image_size=H,W --resize=MODE;
+    # (H, W, mode) when the images were resized at staging (python -m stage --image_size=H,W --resize=MODE;
     # data/staged_spec.py reads it): the export then takes uint8 images of any H x W (C channels, one size per
     # request) and resizes them in its graph with the same function (tasks/image_resize.py). None: exactly
     # image_shape.

@@ -1,5 +1,5 @@
-"""One resize of images to a fixed H x W, used both where images are staged (`python -m data.stage --image_size=H,W
---resize=MODE --channels=C`, data/stage/images.py) and inside an export's serving graph
+"""One resize of images to a fixed H x W, used both where images are staged (`python -m stage --image_size=H,W
+--resize=MODE --channels=C`, stage/images.py) and inside an export's serving graph
 (tasks/image_classification.py, `serving_resize`): the same function on the same pixels gives the same uint8 result
 bit for bit, so a client sends the picture it has and the model sees what it was trained on.
 
@@ -11,7 +11,7 @@ Modes (`pad` is the default: nothing is cut off and nothing is distorted):
 The float result is rounded half to even and saturate-cast to uint8, as the staged PNGs store it. An image already
 H x W comes back unchanged in every mode (a bilinear resize to its own size samples the pixels themselves), so a
 staged image sent to the export gives the same result as the picture it was resized from.
-TensorFlow is imported in the functions: data/stage/flag_checks.py reads MODES before it is loaded.
+TensorFlow is imported in the functions: stage/flag_checks.py reads MODES before it is loaded.
 """
 
 MODES = ("pad", "crop", "stretch")

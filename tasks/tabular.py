@@ -24,7 +24,7 @@ class _Tabular(Task):
     # The names of the vector's columns, in order: the export's metadata lists them, and `python -m tools.predict`
     # reads a CSV's columns by them. None: feature_0, feature_1, ...
     feature_names: tuple[str, ...] | None = None
-    # A column of the user's CSV that is not a feature but names its row (data.stage --id_column): the export's
+    # A column of the user's CSV that is not a feature but names its row (python -m stage --id_column): the export's
     # metadata names it, and `python -m tools.predict` keys each prediction by it. None: no id column.
     id_column: str | None = None
 

@@ -88,7 +88,7 @@ def checkpoint_values(model_dir: str) -> dict:
 
 
 def write_class_images(root: str, sizes: dict, shape=(8, 8, 3)) -> None:
-    """root/SPLIT/CLASS/*.png for data.stage --from_image_folder: 'red' images are bright in channel 0, 'blue' in
+    """root/SPLIT/CLASS/*.png for python -m stage --from_image_folder: 'red' images are bright in channel 0, 'blue' in
     channel 2 (plus noise)."""
     import numpy as np
     import tensorflow as tf

@@ -82,7 +82,7 @@ def test_an_unreachable_download_says_to_stage_it_elsewhere_not_to_change_data_d
             builders.load_builder(get_dataset_spec("mnist"), str(tmp_path / "tfds"))
     message = str(raised.value)
     assert "Downloading 'mnist' failed (ConnectionError: " in message and "127.0.0.1" in message, message
-    assert ("this machine cannot reach its source. Stage it where there is internet (python -m data.stage "
+    assert ("this machine cannot reach its source. Stage it where there is internet (python -m stage "
             "--dataset=mnist --data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR.") in message, message
     assert "cannot be used" not in message
 
@@ -117,7 +117,7 @@ def test_offline_a_dataset_that_downloads_stops_at_once_instead_of_retrying_for_
     assert message == (
         "Downloading 'mnist' failed (ConnectionError: storage.googleapis.com cannot be looked up ([Errno -2] Name or "
         "service not known)): this machine cannot reach its source. Stage it where there is internet (python -m "
-        "data.stage --dataset=mnist --data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR."), message
+        "stage --dataset=mnist --data_dir=DIR), copy DIR here or to gs://, and pass DATA_DIR=DIR."), message
     assert len(lookups) <= 5, lookups  # The probe, then one attempt for each of MNIST's 4 files at most.
     assert downloader.MAX_RETRIES == 10  # TFDS's own setting is back.
     assert builders.load_builder(get_dataset_spec("breast_cancer"), str(tmp_path / "bundled")).is_prepared()
@@ -164,7 +164,7 @@ def test_a_builder_assertion_without_a_manual_dir_is_a_config_error_naming_the_s
     with pytest.raises(ConfigError) as raised:
         builders.load_builder(spec, str(tmp_path))
     assert (f"Cannot prepare 'sklearn_digits' in {tmp_path}: digits.csv not found. " in str(raised.value)
-            and f"python -m data.stage --dataset=digits --manual_dir=DIR --data_dir={tmp_path}" in str(raised.value))
+            and f"python -m stage --dataset=digits --manual_dir=DIR --data_dir={tmp_path}" in str(raised.value))
 
 
 def test_a_dataset_prepared_meanwhile_by_another_worker_is_used(tmp_path, monkeypatch):

@@ -4,8 +4,9 @@ figures its header states: the documented commands are run as written (pretrain 
 
 Tolerances: the runs are deterministic on one machine (seed 0), not across machines: 30 SGD steps on 50 images
 amplify another CPU's rounding (warm start 83.7% here, 80.3% on CI's machine: 6 of the 178 test images). TOLERANCE
-(6 points) bounds that. The negative control is the scratch run itself, the same command without INIT_FROM: the warm start must
-beat it by MARGIN (10 points; 15.2 measured, and 15.2 between the worst warm and the best scratch seed of three).
+(6 points) bounds that. The negative control is the scratch run itself, the same command without INIT_FROM: the
+warm start must beat it by MARGIN (10 points; 15.2 measured, and 15.2 between the worst warm and the best scratch
+seed of three).
 """
 
 import ast

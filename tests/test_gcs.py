@@ -24,12 +24,12 @@ def _generations(gcs, bucket: str, prefix: str) -> dict:
 @pytest.mark.slow
 def test_stage_train_resume_and_export_all_on_gcs(gcs, gcs_bucket):
     data_dir, model_dir = f"gs://{gcs_bucket}/tensorflow_datasets", f"gs://{gcs_bucket}/runs/digits"
-    staged = run_module("data.stage", "--dataset=digits", f"--data_dir={data_dir}")
+    staged = run_module("stage", "--dataset=digits", f"--data_dir={data_dir}")
     assert staged.returncode == 0 and "digits: built into" in staged.stdout, staged.stdout + staged.stderr
     before = _generations(gcs, gcs_bucket, "tensorflow_datasets/")
     assert any(name.endswith("dataset_info.json") for name in before) and any("tfrecord" in name for name in before)
 
-    again = run_module("data.stage", "--dataset=digits", f"--data_dir={data_dir}")
+    again = run_module("stage", "--dataset=digits", f"--data_dir={data_dir}")
     assert again.returncode == 0 and "already staged" in again.stdout and "nothing to do" in again.stdout
     assert _generations(gcs, gcs_bucket, "tensorflow_datasets/") == before  # Not one object rewritten.
 
@@ -213,7 +213,7 @@ def test_an_export_to_gcs_publishes_saved_model_pb_last_and_replaces_an_old_one(
 def test_own_data_staged_again_on_gcs_is_compared_with_its_recorded_source(gcs, gcs_bucket, tmp_path, capsys):
     """The source fingerprint is written to and read from gs:// (tf.io.gfile), with the source on gs:// too: the
     same source does nothing, another one exits 2, and neither rewrites an object."""
-    from data.stage import cli as stage
+    from stage import cli as stage
 
     data_dir, rng = f"gs://{gcs_bucket}/tfds", np.random.default_rng(0)
     for name in ("first", "second"):

@@ -57,13 +57,13 @@ def test_fake_imagenet_batches_have_static_shapes_and_exact_eval(fake_imagenet):
 
 
 def test_staging_imagenet_without_the_tar_files_says_where_to_put_them(tmp_path):
-    result = run_module("data.stage", "--dataset=imagenet2012", f"--data_dir={tmp_path}/tfds",
+    result = run_module("stage", "--dataset=imagenet2012", f"--data_dir={tmp_path}/tfds",
                         f"--manual_dir={tmp_path}/empty")
     assert result.returncode == 2, result.stderr
     assert f"Cannot prepare 'imagenet2012' from {tmp_path}/empty" in result.stderr
     assert "ILSVRC2012_img_train.tar" in result.stderr
     assert (f"Check that {tmp_path}/empty holds the files the instructions name, then" in result.stderr
-            and f"then rerun: python -m data.stage --dataset=imagenet2012 --manual_dir={tmp_path}/empty "
+            and f"then rerun: python -m stage --dataset=imagenet2012 --manual_dir={tmp_path}/empty "
                 f"--data_dir={tmp_path}/tfds" in result.stderr), result.stderr
 
 
@@ -71,7 +71,7 @@ def test_staging_from_the_tar_files_builds_the_dataset(tmp_path):
     from tests.fake_imagenet import write_manual_dir
 
     manual = write_manual_dir(str(tmp_path / "manual"), classes=2, per_class=3, validation=4)
-    result = run_module("data.stage", "--dataset=imagenet2012", f"--data_dir={tmp_path}/tfds", f"--manual_dir={manual}")
+    result = run_module("stage", "--dataset=imagenet2012", f"--data_dir={tmp_path}/tfds", f"--manual_dir={manual}")
     assert result.returncode == 0, result.stderr
     builder = builders.find_builder("imagenet2012", str(tmp_path / "tfds"))
     assert builder.info.splits["train"].num_examples == 6 and builder.info.splits["validation"].num_examples == 4
@@ -79,7 +79,7 @@ def test_staging_from_the_tar_files_builds_the_dataset(tmp_path):
 
 def test_unprepared_imagenet_is_a_config_error_naming_the_fix(tmp_path):
     """Training or a preflight on a DATA_DIR without ImageNet: the staging command, and nothing written there."""
-    with pytest.raises(ConfigError, match="ILSVRC2012_img_train.tar.*python -m data.stage --dataset=imagenet2012 "
+    with pytest.raises(ConfigError, match="ILSVRC2012_img_train.tar.*python -m stage --dataset=imagenet2012 "
                                           f"--manual_dir=DIR --data_dir={tmp_path}"):
         builders.load_builder(get_dataset_spec("imagenet2012"), str(tmp_path))
     assert not list(tmp_path.iterdir())

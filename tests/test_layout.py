@@ -3,7 +3,7 @@ import circles.
 
 - Dependencies point one way: entry points -> training -> serving, data, models, tasks, tpu_utils -> common.
 - The core (what every run executes) never imports an extra, not even inside a function: the extras (launchers in
-  scripts/, tools/, own-data staging in data/stage/, gs:// support in gcs/, bench/) can be deleted by a forker
+  scripts/, tools/, own-data staging in stage/, gs:// support in gcs/, bench/) can be deleted by a forker
   (tests/test_core_alone.py runs the default config without them). The core reaches gcs/ only through
   common/extras.py, by name, with a clear error when it is gone.
 - No two modules import each other, directly or around a circle, lazy imports included: a circle that works only
@@ -107,8 +107,8 @@ def test_the_core_never_imports_an_extra():
 
 def test_the_extras_check_catches_a_lazy_import_of_an_extra():
     """Negative control: a core module importing the staging command inside a function is reported."""
-    graph = {**import_graph(), "training.planted": {"data.stage.cli", "common.errors"}}
-    assert core_imports_of_extras(graph) == {"training.planted": ["data.stage.cli"]}
+    graph = {**import_graph(), "training.planted": {"stage.cli", "common.errors"}}
+    assert core_imports_of_extras(graph) == {"training.planted": ["stage.cli"]}
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -1,8 +1,8 @@
 """Bring your own data: each source (.npz arrays, CSV, TFRecord + feature spec, image folder) staged with
-`python -m data.stage --from_...` becomes a TFDS dataset whose metadata holds its features and split sizes, and trains
+`python -m stage --from_...` becomes a TFDS dataset whose metadata holds its features and split sizes, and trains
 by name (`DATASET='tfds:NAME'`) through train.py, locally and from gs:// (loopback server); --force rebuilds, a second
 stage without it writes nothing; a staged tabular dataset's export serves raw rows; the printed training command runs.
-What data.stage refuses (bad inputs, another source under a staged name) is tested in test_own_data_checks.py.
+What `python -m stage` refuses (bad inputs, another source under a staged name) is tested in test_own_data_checks.py.
 
 The data are generated here, learnable from raw values on very different scales (so the task's standardisation
 matters); one data_dir per module holds every staged dataset.
@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data.stage import cli as stage
 from helpers import REPO_ROOT, run_module, run_train_py, write_class_images
+from stage import cli as stage
 
 TINY = ["--gin_param=TRAIN_STEPS=60", "--gin_param=STEPS_PER_LOOP=20", "--gin_param=EVAL_EVERY=0",
         "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=cosine.warmup_steps=5", "--gin_param=GLOBAL_BATCH_SIZE=32"]
@@ -39,7 +39,7 @@ def _stage(*args: str) -> int:
 
 
 def _stage_flags(root) -> dict:
-    """The data.stage source flags of each staged dataset (files written by the `staged` fixture under root)."""
+    """The stage source flags of each staged dataset (files written by the `staged` fixture under root)."""
     return {
         "own_npz": [f"--from_npz={root}/rows.npz"],
         "own_csv": [f"--from_csv=train={root}/train.csv,test={root}/test.csv", "--label=price"],
@@ -180,7 +180,7 @@ def test_each_source_stages_into_gcs_and_trains_from_there(staged, gcs, gcs_buck
 @pytest.mark.slow
 def test_staging_into_gcs_prints_the_command_and_a_second_stage_rewrites_nothing(staged, gcs, gcs_bucket):
     data_dir = f"gs://{gcs_bucket}/tensorflow_datasets"
-    result = run_module("data.stage", "--name=own_npz", f"--data_dir={data_dir}",
+    result = run_module("stage", "--name=own_npz", f"--data_dir={data_dir}",
                         f"--from_npz={staged['inputs']['npz']}")
     assert result.returncode == 0 and "own_npz: built into" in result.stdout, result.stderr[-3000:]
     assert ("--gin_file=configs/experiments/breast_cancer_mlp.gin --gin_param=\"DATASET='tfds:own_npz'\"" in
@@ -195,8 +195,8 @@ def test_staging_into_gcs_prints_the_command_and_a_second_stage_rewrites_nothing
 
 
 def test_the_printed_training_command_runs_for_three_classes(tmp_path, capsys):
-    """The command data.stage prints, copied verbatim (only shortened, and its model_dir moved to tmp_path), trains a
-    3-class tabular dataset: the starting config's two-class metrics (AUC, precision, recall) are replaced."""
+    """The command `python -m stage` prints, copied verbatim (only shortened, and its model_dir moved to tmp_path),
+    trains a 3-class tabular dataset: the starting config's two-class metrics (AUC, precision, recall) are replaced."""
     standard = np.random.default_rng(4).standard_normal((300, 4))
     rows, labels = (standard * SCALES + OFFSETS).astype(np.float32), np.digitize(standard[:, 0], [-0.5, 0.5])
     np.savez(tmp_path / "three.npz", x_train=rows[:240], y_train=labels[:240], x_test=rows[240:], y_test=labels[240:])
@@ -216,12 +216,12 @@ def test_a_dataset_that_is_not_staged_names_the_stage_command_in_one_line(tmp_pa
                           f"--gin_param=DATA_DIR='{tmp_path}'", f"--model_dir={tmp_path / 'run'}", timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
-    assert "python -m data.stage --name=not_staged_here" in result.stderr and "--from_npz" in result.stderr
+    assert "python -m stage --name=not_staged_here" in result.stderr and "--from_npz" in result.stderr
 
 
 def test_a_bundled_builder_stages_by_its_tfds_name(tmp_path):
     """In a fresh process: the builder's module is imported for its TFDS name (it registers the builder)."""
-    result = run_module("data.stage", "--dataset=tfds:sklearn_breast_cancer", f"--data_dir={tmp_path}")
+    result = run_module("stage", "--dataset=tfds:sklearn_breast_cancer", f"--data_dir={tmp_path}")
     assert result.returncode == 0 and "built into" in result.stdout, result.stderr[-2000:]
 
 
@@ -240,10 +240,10 @@ def test_staged_data_that_no_shipped_task_fits_is_staged_and_says_what_to_do(tmp
 
 
 def test_the_readme_commands_parse_and_name_each_source():
-    """docs/data.md's "Bring your own data" commands are valid command lines of data.stage, one per source."""
+    """docs/data.md's "Bring your own data" commands are valid command lines of `python -m stage`, one per source."""
     readme = open(os.path.join(REPO_ROOT, "docs", "data.md")).read()
     commands = [shlex.split(line.strip(), comments=True) for line in readme.splitlines()
-                if line.strip().startswith("python -m data.stage --name=")]
+                if line.strip().startswith("python -m stage --name=")]
     sources = set()
     for command in commands:
         args = stage.parse_args(command[3:])

@@ -1,6 +1,6 @@
-"""What `python -m data.stage --from_...` refuses, each with exit 2, one line naming the value and the fix, and nothing
+"""What `python -m stage --from_...` refuses, each with exit 2, one line naming the value and the fix, and nothing
 written: bad inputs (missing files, shapes, NaN/inf, labels, classes only in test, clashing names), and a --name
-staged already from another source (data/stage/fingerprint.py; gs:// in test_gcs.py). Also how labels become classes.
+staged already from another source (stage/fingerprint.py; gs:// in test_gcs.py). Also how labels become classes.
 """
 
 import os
@@ -10,8 +10,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data.stage import cli as stage
 from helpers import write_class_images
+from stage import cli as stage
 
 
 def _stage(*args: str) -> int:
@@ -147,7 +147,7 @@ def test_bad_inputs_exit_2_with_one_line_naming_the_value_and_the_fix(tmp_path, 
 
 
 def test_text_labels_become_sorted_class_names_and_float_labels_a_target():
-    from data.stage.columns import columns
+    from stage.columns import columns
 
     rows = np.zeros((3, 2), np.float32)
     features, staged = columns({"train": (rows, np.array(["iris", "daisy", "rose"])),

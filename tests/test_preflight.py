@@ -2,7 +2,7 @@
 
 Every shipped TPU config must pass, with its gs:// paths pointed at a test bucket: TFDS's mock data stands in for the
 download-only datasets (MNIST, CIFAR-10); the ImageNet configs read a fake ImageNet staged into the bucket with
-`python -m data.stage` (TFDS's real imagenet2012 builder on tiny tar files: tests/fake_imagenet.py). Deliberately
+`python -m stage` (TFDS's real imagenet2012 builder on tiny tar files: tests/fake_imagenet.py). Deliberately
 broken configs must each fail with a message that names the problem: a dynamic-shape input, a string op in the
 model, a global batch that does not divide by the replica count, a local DATA_DIR for a pod slice.
 """
@@ -39,12 +39,12 @@ def test_every_tpu_config_declares_its_replicas_and_bfloat16():
 
 @pytest.fixture(scope="module")
 def imagenet_bucket(gcs, tmp_path_factory) -> str:
-    """A bucket with the fake ImageNet staged into gs://BUCKET/tensorflow_datasets by data.stage."""
+    """A bucket with the fake ImageNet staged into gs://BUCKET/tensorflow_datasets by stage."""
     from tests.fake_imagenet import write_manual_dir
 
     bucket = gcs.new_bucket()
     manual = write_manual_dir(str(tmp_path_factory.mktemp("imagenet_tars")))
-    staged = run_module("data.stage", "--dataset=imagenet2012", f"--data_dir=gs://{bucket}/tensorflow_datasets",
+    staged = run_module("stage", "--dataset=imagenet2012", f"--data_dir=gs://{bucket}/tensorflow_datasets",
                         f"--manual_dir={manual}")
     assert staged.returncode == 0, staged.stderr[-3000:]
     return bucket

@@ -129,5 +129,5 @@ def test_a_split_without_shard_metadata_names_the_stage_command_to_run(tmp_path)
     builder = builders.find_builder(SPEC.tfds_name, str(tmp_path), module=SPEC.module)
     with pytest.raises(ConfigError) as raised:
         shard_stream.check_readable(builder, "train", dataset=SPEC.stage_name())
-    assert str(raised.value).endswith(f"prepare the dataset there first: python -m data.stage --dataset=digits "
+    assert str(raised.value).endswith(f"prepare the dataset there first: python -m stage --dataset=digits "
                                       f"--data_dir={tmp_path}"), raised.value

@@ -1,4 +1,4 @@
-"""A CSV's columns in `python -m data.stage --from_csv` (data/stage/csv_header.py, csv_source.py): --id_column and
+"""A CSV's columns in `python -m stage --from_csv` (stage/csv_header.py, csv_source.py): --id_column and
 --drop_columns leave columns out of the features; the id column is recorded in the staged metadata, reaches the
 export's serving_metadata.json and keys `python -m tools.predict`'s predictions (the issue's scenario: a breast-cancer
 CSV with an `id` column, staged, trained, predicted); a column that looks like an id (a different whole number in
@@ -16,8 +16,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 import train
-from data.stage import cli as stage
 from data.staged_spec import spec_from_metadata
+from stage import cli as stage
 from tools import predict
 
 FEATURES = ["radius", "texture", "area"]
@@ -74,12 +74,12 @@ def test_an_id_column_is_kept_out_of_the_features_and_keys_the_predictions(tmp_p
 
 def test_dropped_columns_are_left_out_and_a_column_like_an_id_is_warned_about(tmp_path, caplog):
     _write_cancer_csv(tmp_path / "bc.csv")
-    with caplog.at_level(logging.WARNING, logger="data.stage.csv_source"):
+    with caplog.at_level(logging.WARNING, logger="stage.csv_source"):
         assert _stage_csv(tmp_path, "bc_warned") == 0
     warned = [record.getMessage() for record in caplog.records if "as an id does" in record.getMessage()]
     assert len(warned) == 1 and "column 'id'" in warned[0] and "--id_column=id" in warned[0], warned
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="data.stage.csv_source"):
+    with caplog.at_level(logging.WARNING, logger="stage.csv_source"):
         assert _stage_csv(tmp_path, "bc_dropped", "--drop_columns=id,area") == 0
     assert not [record for record in caplog.records if "as an id does" in record.getMessage()]  # Control.
     assert spec_from_metadata("bc_dropped", f"{tmp_path}/tfds").task.feature_names == ("radius", "texture")

@@ -1,4 +1,4 @@
-"""A bad flag or a missing file answers before TensorFlow loads: `python -m data.stage` (data/stage/flag_checks.py)
+"""A bad flag or a missing file answers before TensorFlow loads: `python -m stage` (stage/flag_checks.py)
 and `train.py` (training/config_files.py checks --gin_file and its includes first) exit 2 with one `error:` line in
 a fraction of a second (measured 0.2 s on 2 CPU cores; importing TensorFlow first took 7 s). The bound asserted is a
 generous 3 s of wall clock per subprocess; in-process, TensorFlow must not be in sys.modules after the checks.
@@ -23,7 +23,7 @@ def _timed(*argv: str) -> tuple[subprocess.CompletedProcess, float]:
 
 
 def _stage_cases(root) -> dict:
-    """{case: (data.stage arguments, a word of the error line)}; the files are written by the test."""
+    """{case: (stage arguments, a word of the error line)}; the files are written by the test."""
     base = ["--name=fast", f"--data_dir={root}/tfds"]
     return {
         "missing npz": ([*base, f"--from_npz={root}/nope.npz"], "no such file"),
@@ -74,7 +74,7 @@ def test_a_bad_data_stage_flag_exits_2_in_one_line_before_tensorflow_loads(tmp_p
     open(tmp_path / "one.csv", "w").write("a,label\n1,0\n")
     open(tmp_path / "repeated.csv", "w").write("a,b,a,label\n1,2,3,0\n")
     arguments, word = _stage_cases(tmp_path)[case]
-    result, seconds = _timed("-m", "data.stage", *arguments)
+    result, seconds = _timed("-m", "stage", *arguments)
     assert result.returncode == 2, (case, result.stderr[-2000:])
     error = result.stderr.strip()
     assert len(error.splitlines()) == 1 and error.startswith("error: ") and word in error, (case, error)
@@ -83,10 +83,10 @@ def test_a_bad_data_stage_flag_exits_2_in_one_line_before_tensorflow_loads(tmp_p
 
 
 def test_an_unknown_data_stage_flag_shows_the_command_to_type(tmp_path):
-    """argparse's usage line names `python -m data.stage`, not `__main__.py`, and comes before TensorFlow loads."""
-    result, seconds = _timed("-m", "data.stage", f"--data_dir={tmp_path}", "--from_cvs=a.csv")
+    """argparse's usage line names `python -m stage`, not `__main__.py`, and comes before TensorFlow loads."""
+    result, seconds = _timed("-m", "stage", f"--data_dir={tmp_path}", "--from_cvs=a.csv")
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.startswith("usage: python -m data.stage ") and \
+    assert result.stderr.startswith("usage: python -m stage ") and \
         "unrecognized arguments: --from_cvs=a.csv" in result.stderr, result.stderr[-2000:]
     assert seconds < FAST_SECONDS, seconds
 
@@ -95,14 +95,14 @@ def test_the_data_stage_checks_do_not_import_tensorflow(tmp_path):
     """In a fresh interpreter: parsing and checking a good command line (files present) loads no TensorFlow, and
     a bad one is refused without it either (the negative control: the reader, which refused it before, loads it)."""
     open(tmp_path / "one.csv", "w").write("a,label\n1,0\n")
-    code = ("import sys\nfrom data.stage import cli\nfrom data.stage.flag_checks import check_args\n"
+    code = ("import sys\nfrom stage import cli\nfrom stage.flag_checks import check_args\n"
             "from common.errors import ConfigError\n"
             f"check_args(cli.parse_args(['--name=ok', '--data_dir={tmp_path}/t', '--from_csv={tmp_path}/one.csv', "
             "'--test_fraction=0.5']))\n"
             "try:\n    check_args(cli.parse_args(['--name=ok', '--data_dir=d', '--from_npz=/nope.npz']))\n"
             "except ConfigError:\n    pass\nelse:\n    raise SystemExit('not refused')\n"
             "print('tensorflow' in sys.modules, 'tensorflow_datasets' in sys.modules)\n"
-            "from data.stage import sources\ntry:\n    sources.read_npz('/nope.npz', None)\n"
+            "from stage import sources\ntry:\n    sources.read_npz('/nope.npz', None)\n"
             "except ConfigError:\n    print('tensorflow' in sys.modules)\n")
     result, _ = _timed("-c", code)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -150,7 +150,7 @@ def test_the_printed_command_passes_a_batch_that_fits_a_small_train_split():
     """mnist_cnn.gin's GLOBAL_BATCH_SIZE=128 (read through its includes) is refused by training on a 24-example train
     split: the printed command then passes the largest power of two that fits; a large split gets no batch added
     (the run's length: tests/test_stage_columns.py)."""
-    from data.stage import cli
+    from stage import cli
 
     assert cli._config_setting(os.path.join(REPO_ROOT, "configs/experiments/mnist_cnn.gin"), "GLOBAL_BATCH_SIZE") == 128
     assert cli._config_setting(os.path.join(REPO_ROOT, "configs/default.gin"), "GLOBAL_BATCH_SIZE") == 64

@@ -1,4 +1,4 @@
-"""Images of any size: `python -m data.stage --from_image_folder=DIR --image_size=H,W --resize=pad|crop|stretch
+"""Images of any size: `python -m stage --from_image_folder=DIR --image_size=H,W --resize=pad|crop|stretch
 [--channels=1|3]` stages a folder of mixed sizes (and colour modes) at H x W, with exactly the uint8 pixels of
 tasks/image_resize.resize_image applied to each source file; the resize is recorded in the image feature's TFDS
 documentation and read back into ImageClassification.serving_resize, so the export takes uint8 images of any size and
@@ -21,10 +21,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data.stage import cli as stage
-from data.stage.images import list_images
 from data.staged_spec import spec_from_metadata
 from helpers import REPO_ROOT
+from stage import cli as stage
+from stage.images import list_images
 from tasks.image_resize import MODES, convert_channels, resize_image
 
 SIZE = (32, 32)

@@ -1,5 +1,5 @@
-"""One file split for you: `python -m data.stage --test_fraction=F --seed=S` on a single CSV, a single .npz (arrays
-x, y) or an image folder of class folders (data/stage/split.py). The split is reproducible (a second staging gives
+"""One file split for you: `python -m stage --test_fraction=F --seed=S` on a single CSV, a single .npz (arrays
+x, y) or an image folder of class folders (stage/split.py). The split is reproducible (a second staging gives
 identical splits), stratified (each class's test share within one example of F, at least one example per class in
 train), disjoint and complete (every source example in exactly one split); the fraction and seed are in the
 dataset's description and in its staged_source.json fingerprint (another seed is another source). And the printed
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from data.stage import cli as stage
 from helpers import REPO_ROOT, write_class_images
+from stage import cli as stage
 
 TINY = ["--gin_param=TRAIN_STEPS=30", "--gin_param=STEPS_PER_LOOP=10", "--gin_param=EVAL_EVERY=0",
         "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=cosine.warmup_steps=5", "--gin_param=GLOBAL_BATCH_SIZE=16"]
@@ -132,7 +132,8 @@ def test_sources_that_are_split_already_are_refused_with_a_fraction(tmp_path, ca
 
 
 def test_the_printed_command_for_images_names_the_cnn_and_trains(sources, tmp_path, capsys):
-    """The command data.stage prints for an image dataset, run as printed (shortened, its model_dir in tmp_path)."""
+    """The command `python -m stage` prints for an image dataset, run as printed (shortened, its model_dir in
+    tmp_path)."""
     assert _stage("--name=pictures", f"--data_dir={tmp_path}/tfds", *sources["images"], "--test_fraction=0.25") == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Train it: ")]
     command = shlex.split(line[len("Train it: "):])

@@ -1,4 +1,4 @@
-"""Own text without code: `python -m data.stage` stages a CSV's text column (`--text=COLUMN`, or detected when it is
+"""Own text without code: `python -m stage` stages a CSV's text column (`--text=COLUMN`, or detected when it is
 the only column besides the label) or a folder of .txt files per class as a tfds Text + ClassLabel dataset;
 `DATASET='tfds:NAME'` infers TextClassification from that metadata (vocabulary counted on train, its size and coverage
 logged), the printed command (the Transformer config) trains it as printed to a stated accuracy, and the export serves
@@ -21,8 +21,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data.stage import cli as stage
 from helpers import REPO_ROOT
+from stage import cli as stage
 
 CLASS_WORDS = {"sport": ["goal", "match", "team", "score", "coach"],
                "food": ["pasta", "soup", "spicy", "dessert", "chef"],
@@ -72,7 +72,7 @@ def sources(tmp_path_factory):
 
 
 def _train_as_printed(out: str, model_dir: str) -> subprocess.CompletedProcess:
-    """Runs the 'Train it:' command data.stage printed (shortened by SHORT, its model_dir replaced)."""
+    """Runs the 'Train it:' command `python -m stage` printed (shortened by SHORT, its model_dir replaced)."""
     (line,) = [line for line in out.splitlines() if line.startswith("Train it: ")]
     command = shlex.split(line[len("Train it: "):])
     assert command[:3] == ["python", "train.py",

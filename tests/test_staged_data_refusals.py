@@ -1,6 +1,6 @@
-"""What `python -m data.stage` refuses that it used to crash on or stage broken (exit 2, one `error:` line naming the
+"""What `python -m stage` refuses that it used to crash on or stage broken (exit 2, one `error:` line naming the
 file or value and the fix, nothing written), and a resume refused on other staged data than the checkpoint's run
-trained on (data/stage/fingerprint.py's fingerprint in run_identity.json).
+trained on (stage/fingerprint.py's fingerprint in run_identity.json).
 """
 
 import json
@@ -10,8 +10,8 @@ import shutil
 import numpy as np
 import tensorflow as tf
 
-from data.stage import cli as stage
 from helpers import run_train_py, write_class_images
+from stage import cli as stage
 
 TINY = ["--gin_file=configs/experiments/breast_cancer_mlp.gin", "--gin_param=STEPS_PER_LOOP=10",
         "--gin_param=EVAL_EVERY=0", "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=GLOBAL_BATCH_SIZE=16",
@@ -87,7 +87,7 @@ def test_what_is_still_staged_sparse_labels_utf8_with_a_byte_order_mark_and_empt
     """Negative controls: class ids with gaps (up to 1,000, or up to the number of examples), a UTF-8 CSV with
     Excel's byte-order mark (the mark is not part of the first column's name), an image folder whose split folder
     holds a stray empty non-class file."""
-    from data.stage.columns import columns
+    from stage.columns import columns
 
     rows = np.zeros((40, 2), np.float32)
     features, _ = columns({"train": (rows, np.arange(40) % 2 * 999), "test": (rows[:2], np.array([0, 999]))})
@@ -110,8 +110,9 @@ def _train(data_dir: str, model_dir: str, steps: int):
 
 
 def test_a_resume_on_restaged_other_data_is_refused_and_on_the_same_data_resumes(tmp_path):
-    """`data.stage --force` with other data under a run's dataset: the rerun exits 2 naming both fingerprints, their
-    sources and the fix, before training (the checkpoint stays as it was); restaged from the same data, it resumes."""
+    """`python -m stage --force` with other data under a run's dataset: the rerun exits 2 naming both fingerprints,
+    their sources and the fix, before training (the checkpoint stays as it was); restaged from the same data, it
+    resumes."""
     from data.staged_source import digest
 
     data_dir, model_dir = str(tmp_path / "tfds"), str(tmp_path / "run")

@@ -46,7 +46,7 @@ def test_an_explicit_level_wins():
 def test_every_entry_point_asks_the_one_place():
     """Each command that loads TensorFlow calls quiet_tensorflow(); none sets the level itself."""
     entry_points = ["train.py", "tools/compare.py", "tools/predict.py", "training/replica_invariance.py",
-                    "data/stage/cli.py", *sorted(os.path.relpath(path, REPO_ROOT) for path in
+                    "stage/cli.py", *sorted(os.path.relpath(path, REPO_ROOT) for path in
                                                  glob.glob(os.path.join(REPO_ROOT, "bench", "*.py")))]
     for path in entry_points:
         text = open(os.path.join(REPO_ROOT, path), encoding="utf-8").read()

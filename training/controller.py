@@ -156,7 +156,7 @@ class Controller:
             data_dir = self.trainer.builder.data_dir
             raise ConfigError(f"The training split in {data_dir} cannot be read ({describe(error, 200)}): a TFRecord "
                               f"file is truncated or corrupt. Delete {data_dir} and rerun to prepare it again (for a "
-                              "staged dataset: python -m data.stage ...).") from error
+                              "staged dataset: python -m stage ...).") from error
 
     def _stop_if_requested(self, where: str, *, export_follows: bool = False) -> None:
         """Honours a requested stop (every worker together): checkpoint, then exit 3."""

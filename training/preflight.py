@@ -99,7 +99,7 @@ def _check_storage(config: ExperimentConfig, model_dir: str) -> Check:
     if local:
         return Check("storage on gs://", f"{', '.join(local)} is not on gs://: on a pod slice every host reads the "
                      "data and the TPU hosts write checkpoints, so both must be gs:// paths (stage the data with "
-                     "`python -m data.stage --dataset=NAME --data_dir=gs://BUCKET/tensorflow_datasets`; pass "
+                     "`python -m stage --dataset=NAME --data_dir=gs://BUCKET/tensorflow_datasets`; pass "
                      "--model_dir=gs://...).")
     return Check("storage on gs://")
 

@@ -6,7 +6,7 @@
   float target, a fixed NumPy seed): y = 2 x0 - x1 + 0.5 x2 x3 + sin(3 x4) + 0.3 x5^2 + 0.1 noise, with x the
   features standardised (x6 and x7 are distractors). Test = every fifth row (1,000), train = 4,000.
 Both build offline in a second; like data/digits, they show how to wrap data you have in a TFDS builder (for files
-you already have, `python -m data.stage` does it without code).
+you already have, `python -m stage` does it without code).
 """
 
 import numpy as np

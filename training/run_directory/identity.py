@@ -3,7 +3,7 @@
 Refused on resume when changed (exit 2, naming the setting and both values): GLOBAL_BATCH_SIZE, SEED, MODEL,
 DATASET (the data order and the weights), PRECISION and experiment.optimizer (the checkpoint's variables and
 their dtypes), and the data itself (`data_identity`): the dataset's TFDS name and version, and for data staged with
-`python -m data.stage` the digest of its source's fingerprint (data/staged_source.py), so `data.stage --force`
+`python -m stage` the digest of its source's fingerprint (data/staged_source.py), so `python -m stage --force`
 with other data under a run's dataset is not resumed on. The model builder's settings (e.g. `cnn.filters`) are
 recorded too: they may change on resume when the weights still fit (dropout, L2), and when they do not, the failed
 restore names the changed ones. Keys missing from an older run_identity.json are not compared, except EMA_DECAY:
@@ -40,9 +40,9 @@ def run_identity(config, model_settings: dict | None = None, data: dict | None =
 
 def data_identity(builder) -> dict:
     """The data a run trains on, from its prepared TFDS `builder`: DATA_VERSION ('NAME VERSION'); for a dataset
-    staged with data.stage also DATA_FINGERPRINT (the digest of its source's fingerprint) and DATA_STAGED (its
+    staged with `python -m stage` also DATA_FINGERPRINT (the digest of its source's fingerprint) and DATA_STAGED (its
     source and time of staging, for messages only). A staged dataset without a fingerprint (staged by an older
-    data.stage) has no DATA_FINGERPRINT: nothing to compare."""
+    `python -m stage`) has no DATA_FINGERPRINT: nothing to compare."""
     identity = {"DATA_VERSION": f"{builder.name} {builder.version}"}
     staged = staged_source.read(builder.data_dir)
     if staged is not None:
@@ -90,7 +90,7 @@ def check_resume(previous: dict | None, current: dict, *, model_dir: str, data_d
                           f"{previous['DATA_FINGERPRINT']} from {previous.get('DATA_STAGED', 'an unrecorded source')}; "
                           f"now {current['DATA_FINGERPRINT']} from {current.get('DATA_STAGED')}). Resuming would "
                           "continue the run on other data: pass a new --model_dir to train on this data from scratch, "
-                          "or stage the old data again (python -m data.stage --force with the checkpoint's source) to "
+                          "or stage the old data again (python -m stage --force with the checkpoint's source) to "
                           "resume.")
     if previous and ("EMA_DECAY" in previous) != ("EMA_DECAY" in current):
         was, now = (f"EMA_DECAY={identity['EMA_DECAY']!r}" if "EMA_DECAY" in identity else "EMA off"

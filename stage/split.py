@@ -13,7 +13,7 @@ from common.errors import ConfigError
 
 
 def is_class_label(labels: np.ndarray, label_kind: str) -> bool:
-    """Whether `labels` are classes, as data/stage/columns.py will stage them: text and integers unless
+    """Whether `labels` are classes, as stage/columns.py will stage them: text and integers unless
     --label_kind=number, floats only with --label_kind=class."""
     if label_kind != "auto":
         return label_kind == "class"
@@ -47,5 +47,5 @@ def split_examples(inputs: np.ndarray, labels: np.ndarray, fraction: float, seed
 def describe(fraction: float, seed: int, by_class: bool, splits: dict) -> str:
     """The split for the dataset's metadata (its description): how it was made and the sizes it gave."""
     sizes = ", ".join(f"{len(labels)} {split}" for split, (_, labels) in splits.items())
-    return (f"Split from one source by data.stage: --test_fraction={fraction} --seed={seed}"
+    return (f"Split from one source by python -m stage: --test_fraction={fraction} --seed={seed}"
             f"{', stratified by class' if by_class else ''} ({sizes} examples).")

@@ -2,10 +2,10 @@
 `tfds.dataset_builders.store_as_tfds_dataset`: the shards, the features and the split sizes land in the standard
 layout (`DATA_DIR/NAME/1.0.0/`), so `DATASET='tfds:NAME'` trains from it with no builder code (data/staged_spec.py).
 
-The sources are read and checked first (data/stage/sources.py, csv_source.py, images.py, text_folder.py) and their
-features decided (data/stage/columns.py); only then is anything written.
+The sources are read and checked first (stage/sources.py, csv_source.py, images.py, text_folder.py) and their
+features decided (stage/columns.py); only then is anything written.
 A dataset already there is left alone unless `force`, which deletes that version and stores it anew; a fingerprint of
-its source (data/stage/fingerprint.py), written last, tells whether it was staged from the same source.
+its source (stage/fingerprint.py), written last, tells whether it was staged from the same source.
 """
 
 import logging
@@ -21,11 +21,11 @@ VERSION = "1.0.0"
 def check_name(name: str) -> None:
     """A new TFDS dataset name: snake_case, and neither a dataset TFDS already registers nor the name or TFDS name
     of one of the template's datasets (data/registry.py): either would be shadowed, mix its builder's metadata with
-    the staged files, or (pasted into DATASETS as data.stage suggests) replace the shipped entry."""
+    the staged files, or (pasted into DATASETS as python -m stage suggests) replace the shipped entry."""
     import tensorflow_datasets as tfds
 
     from data.registry import DATASETS
-    from data.stage.flag_checks import check_name_format
+    from stage.flag_checks import check_name_format
 
     check_name_format(name)
     bundled = next((key for key, spec in DATASETS.items() if spec.tfds_name == name), None)
@@ -43,10 +43,10 @@ def check_name(name: str) -> None:
 def read_source(args) -> tuple:
     """(features, {split: {feature: array}}, how it was split: '' or a sentence for the metadata) from the one
     --from_* source of the parsed command line `args`; with --test_fraction, the one source split by
-    data/stage/split.py."""
-    from data.stage import sources as own_sources
-    from data.stage import split as own_split
-    from data.stage.columns import columns
+    stage/split.py."""
+    from stage import sources as own_sources
+    from stage import split as own_split
+    from stage.columns import columns
 
     class_names, feature_names, id_column, whole = None, None, None, args.test_fraction is not None
     split_note = ""
@@ -58,8 +58,8 @@ def read_source(args) -> tuple:
         paths = ({"all": args.from_csv} if whole else own_sources.parse_split_paths(args.from_csv, "--from_csv"))
         if not whole:
             own_sources.check_splits(paths, "--from_csv")
-        from data.stage.csv_header import split_list
-        from data.stage.csv_source import read_csv
+        from stage.csv_header import split_list
+        from stage.csv_source import read_csv
 
         id_column = getattr(args, "id_column", None)
         splits, feature_names = read_csv(paths, args.label, args.text, id_column=id_column,
@@ -71,11 +71,11 @@ def read_source(args) -> tuple:
         splits = own_sources.read_tfrecords(own_sources.parse_split_paths(args.from_tfrecord, "--from_tfrecord"),
                                             args.features, args.label)
     elif args.from_text_folder:
-        from data.stage.text_folder import read_text_folder
+        from stage.text_folder import read_text_folder
 
         splits, class_names = read_text_folder(args.from_text_folder.rstrip("/"), whole=whole)
     else:
-        from data.stage.images import read_image_folder
+        from stage.images import read_image_folder
 
         splits, class_names = read_image_folder(args.from_image_folder.rstrip("/"), whole=whole,
                                                 image_size=image_size, resize=resize,
@@ -99,14 +99,14 @@ def read_source(args) -> tuple:
 def store(name: str, data_dir: str, features, splits: dict, *, source: dict, force: bool = False,
           description: str = "") -> str:
     """Writes `splits` ({split: {feature: array}}) as TFDS dataset `name` into `data_dir`, then the fingerprint
-    `source` (data/stage/fingerprint.py): 'built'. When it was there already (and not `force`), nothing is written:
+    `source` (stage/fingerprint.py): 'built'. When it was there already (and not `force`), nothing is written:
     'same' (staged from this source), 'not compared' (staged before fingerprints were kept), or a ConfigError (staged
     from another source: --force or another --name)."""
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    from data.stage import fingerprint as own_fingerprint
-    from data.stage.tfds_noise import quiet_local_build
+    from stage import fingerprint as own_fingerprint
+    from stage.tfds_noise import quiet_local_build
 
     version_dir = join(data_dir, name, VERSION)
     if tf.io.gfile.exists(join(version_dir, "dataset_info.json")):
@@ -125,6 +125,6 @@ def store(name: str, data_dir: str, features, splits: dict, *, source: dict, for
         tfds.dataset_builders.store_as_tfds_dataset(
             name=name, version=VERSION, features=features, data_dir=data_dir,
             split_datasets={split: examples(columns) for split, columns in splits.items()},
-            description=description or "Staged with python -m data.stage.", disable_shuffling=True)
+            description=description or "Staged with python -m stage.", disable_shuffling=True)
     own_fingerprint.write(version_dir, source)  # Last: only a complete dataset has one.
     return "built"

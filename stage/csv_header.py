@@ -1,7 +1,7 @@
-"""A CSV file's header row and what `python -m data.stage --from_csv` does with its columns: which column is the
+"""A CSV file's header row and what `python -m stage --from_csv` does with its columns: which column is the
 label (--label), the text (--text), the id (--id_column) and which are dropped (--drop_columns); the rest are the
-features. Standard library only: data/stage/flag_checks.py checks a local file's header with it before TensorFlow is
-imported (a --label typo answers in a fraction of a second), and data/stage/csv_source.py checks every file it reads
+features. Standard library only: stage/flag_checks.py checks a local file's header with it before TensorFlow is
+imported (a --label typo answers in a fraction of a second), and stage/csv_source.py checks every file it reads
 (gs:// ones too) with the same function.
 """
 

@@ -1,9 +1,9 @@
 """Data a user already has, read into columns per split: NumPy `.npz` arrays, TFRecord files of tf.train.Example (with a
-feature spec), CSV files (data/stage/csv_source.py), image folders (data/stage/images.py) and text folders
-(data/stage/text_folder.py).
+feature spec), CSV files (stage/csv_source.py), image folders (stage/images.py) and text folders
+(stage/text_folder.py).
 
 Each reader returns `{split: (inputs, labels)}` (NumPy arrays, one row per example); `columns()`
-(data/stage/columns.py) then decides the staged features from the arrays themselves, so every source is described the
+(stage/columns.py) then decides the staged features from the arrays themselves, so every source is described the
 same way in the TFDS metadata.
 Everything is read into host memory (sizes a laptop holds); for larger data write a TFDS builder
 (data/digits/digits_dataset_builder.py is the example). Every bad input is a ConfigError that names it and the fix.

@@ -1,6 +1,6 @@
-"""CSV files with a header row, read into `{split: (inputs, labels)}` as data/stage/sources.py's readers do: numeric
+"""CSV files with a header row, read into `{split: (inputs, labels)}` as stage/sources.py's readers do: numeric
 feature columns (a float vector per example), or one text column (`--text=COLUMN`, or detected when it is the only
-column besides the label) as one string per example, which data/stage/columns.py stages as a tfds Text feature.
+column besides the label) as one string per example, which stage/columns.py stages as a tfds Text feature.
 Every bad cell is a ConfigError naming the file, the line and the column.
 """
 
@@ -9,8 +9,8 @@ import logging
 import numpy as np
 
 from common.errors import ConfigError
-from data.stage import csv_header, utf8_text
-from data.stage.sources import check_finite
+from stage import csv_header, utf8_text
+from stage.sources import check_finite
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def read_csv(paths: dict[str, str], label: str, text: str | None = None, *, id_c
     """(splits, feature column names or None for text): per split, a CSV file with a header row: the `label` column
     and numeric feature columns, or the `text` column (--text; other columns are left out) as one string per example
     (the caller checks the split names: one file is split 'all', which --test_fraction splits). `id_column` and
-    `drop_columns` are left out of the features (data/stage/csv_header.py). Without `text`, a CSV whose only column
+    `drop_columns` are left out of the features (stage/csv_header.py). Without `text`, a CSV whose only column
     besides those holds anything but numbers (in the first split's file) is read as text, and said so in the log. The
     feature names are kept in the staged metadata, so the export reads CSVs by them."""
     splits, header, features = {}, None, None

@@ -12,7 +12,7 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.storage_paths import join, list_folder
-from data.stage.class_folders import checked_class_names
+from stage.class_folders import checked_class_names
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ def of_source(args) -> dict:
     """The fingerprint of the one --from_* source of the parsed command line `args` (read and checked already)."""
     import tensorflow as tf
 
-    from data.stage.sources import parse_split_paths
+    from stage.sources import parse_split_paths
 
     kind = next(flag for flag in SETTINGS if getattr(args, flag))
     value = getattr(args, kind)
@@ -109,10 +109,10 @@ def _sha256(paths: list[str]) -> str:
 
 
 def _image_listing(root: str, whole: bool) -> str:
-    """sha256 of the image folder's files read by data/stage/images.py: split/class/name, size and mtime of each."""
+    """sha256 of the image folder's files read by stage/images.py: split/class/name, size and mtime of each."""
     import tensorflow as tf
 
-    from data.stage.images import list_images
+    from stage.images import list_images
 
     total = hashlib.sha256()
     for _, classes in sorted(list_images(root, whole).items()):
@@ -125,8 +125,8 @@ def _image_listing(root: str, whole: bool) -> str:
 
 
 def _text_listing(root: str, whole: bool) -> str:
-    """sha256 of the text folder's files read by data/stage/text_folder.py: split/class/name and contents of each."""
-    from data.stage.text_folder import list_texts
+    """sha256 of the text folder's files read by stage/text_folder.py: split/class/name and contents of each."""
+    from stage.text_folder import list_texts
 
     total = hashlib.sha256()
     for _, classes in sorted(list_texts(root, whole).items()):

@@ -1,4 +1,4 @@
-"""The staged features of data read from a user's own files (data/stage/sources.py, data/stage/images.py), decided
+"""The staged features of data read from a user's own files (stage/sources.py, stage/images.py), decided
 from the arrays themselves, so every source is described the same way in the TFDS metadata:
 - inputs: a float vector per example -> 'features' (tfds Tensor float32 [D]); uint8 arrays of rank 2 or 3 per
   example -> 'image' (tfds Image, PNG); one string per example -> 'text' (tfds Text), whose labels must be classes;
@@ -132,7 +132,7 @@ def _check_class_count(labels: np.ndarray) -> None:
         return
     distinct = len(np.unique(labels))
     raise ConfigError(f"The labels go up to {int(labels.max())}, so they would stage as {count:,} classes (0..max) "
-                      f"for {len(labels):,} examples with {distinct:,} distinct labels; data.stage refuses more "
+                      f"for {len(labels):,} examples with {distinct:,} distinct labels; python -m stage refuses more "
                       f"classes than examples (above {MIN_REFUSED_CLASSES:,}). Number the classes 0..{distinct - 1} "
                       "(e.g. np.unique(labels, return_inverse=True)), or pass --label_kind=number for a regression "
                       "target.")

@@ -1,6 +1,6 @@
 """A text folder, one sub-folder per split and per class (`DIR/train/<class>/*.txt`, `DIR/test/<class>/*.txt`; or
 `DIR/<class>/*.txt` with --test_fraction), one example per file: read into one string per example with class ids.
-The layout is that of an image folder (data/stage/images.py); the class names are the sorted sub-folder names of all
+The layout is that of an image folder (stage/images.py); the class names are the sorted sub-folder names of all
 splits. Files must be UTF-8 text (a byte-order mark is dropped); a file that is not, or a class folder with no .txt
 file, is a ConfigError naming it, before anything is written.
 """
@@ -9,8 +9,8 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.storage_paths import join, list_folder
-from data.stage import utf8_text
-from data.stage.class_folders import checked_class_names
+from stage import utf8_text
+from stage.class_folders import checked_class_names
 
 TEXT_EXTENSIONS = (".txt",)
 _LAYOUT = "DIR/train/<class>/*.txt and DIR/test/<class>/*.txt (or DIR/<class>/*.txt with --test_fraction)"

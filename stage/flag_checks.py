@@ -1,8 +1,8 @@
-"""The checks of a data.stage command line that need no TensorFlow: they run before it is imported (~7 s on 2 CPU
+"""The checks of a `python -m stage` command line that need no TensorFlow: they run before it is imported (~7 s on 2 CPU
 cores), so a bad flag, a conflicting pair or a missing local source file answers in a fraction of a second.
 
 Standard library only (tests/test_stage_fast.py asserts that TensorFlow is not loaded by them). What only the data
-can tell (an .npz without the arrays, a gs:// path, a bad cell) is checked when it is read (data/stage/sources.py);
+can tell (an .npz without the arrays, a gs:// path, a bad cell) is checked when it is read (stage/sources.py);
 a local CSV's header row (the --label, --text, --id_column and --drop_columns columns, a repeated name) is checked
 here.
 """
@@ -11,7 +11,7 @@ import os
 import re
 
 from common.errors import ConfigError
-from data.stage.csv_header import feature_columns, read_local_header, split_list
+from stage.csv_header import feature_columns, read_local_header, split_list
 from tasks.image_resize import CHANNELS, MODES
 
 NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -24,7 +24,7 @@ def names_splits(value: str) -> bool:
 
 
 def check_name_format(name: str) -> None:
-    """A TFDS dataset name: snake_case (the registry checks, which need TFDS, are data/stage/writer.check_name)."""
+    """A TFDS dataset name: snake_case (the registry checks, which need TFDS, are stage/writer.check_name)."""
     if not NAME.fullmatch(name or ""):
         raise ConfigError(f"--name={name!r} is not a TFDS dataset name: use lower-case letters, digits and _, "
                           "starting with a letter (e.g. --name=my_data).")
@@ -93,7 +93,7 @@ def parse_image_size(value: str) -> tuple[int, int]:
 
 
 def _check_image_flags(args) -> None:
-    """--image_size, --resize and --channels (see data/stage/cli.py) resize and convert an image folder only;
+    """--image_size, --resize and --channels (see stage/cli.py) resize and convert an image folder only;
     normalises args.image_size to 'H,W' and args.channels to an int, as the fingerprint records them."""
     given = [f"--{flag}={getattr(args, flag)}" for flag in ("image_size", "resize", "channels")
              if getattr(args, flag) is not None]
@@ -145,7 +145,7 @@ def _check_split_flags(args) -> None:
 
 def _check_local_sources(args) -> None:
     """The named local files and folders exist (gs:// paths and TFRecord globs are checked when read); the messages
-    are those of the readers (data/stage/sources.py), which check gs:// paths the same way."""
+    are those of the readers (stage/sources.py), which check gs:// paths the same way."""
     if args.from_npz and _is_local(args.from_npz):
         if not os.path.exists(args.from_npz):
             raise ConfigError(f"--from_npz={args.from_npz!r}: no such file. Pass the path of an .npz file (np.savez).")

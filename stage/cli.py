@@ -1,26 +1,26 @@
 """Stage a dataset into a TFDS data_dir (local, or gs:// so TPU hosts can read it): a known one, or your own data.
 
 Known datasets (TFDS `download_and_prepare` straight into data_dir):
-  python -m data.stage --dataset=digits --data_dir=gs://BUCKET/tensorflow_datasets
-  python -m data.stage --dataset=cifar10 --data_dir=gs://BUCKET/tensorflow_datasets   # any DATASET name
-  python -m data.stage --dataset=tfds:fashion_mnist --data_dir=gs://BUCKET/tensorflow_datasets  # any TFDS name
-  python -m data.stage --dataset=imagenet2012 --manual_dir=/data/ilsvrc --data_dir=gs://BUCKET/tensorflow_datasets
+  python -m stage --dataset=digits --data_dir=gs://BUCKET/tensorflow_datasets
+  python -m stage --dataset=cifar10 --data_dir=gs://BUCKET/tensorflow_datasets   # any DATASET name
+  python -m stage --dataset=tfds:fashion_mnist --data_dir=gs://BUCKET/tensorflow_datasets  # any TFDS name
+  python -m stage --dataset=imagenet2012 --manual_dir=/data/ilsvrc --data_dir=gs://BUCKET/tensorflow_datasets
 
 Your own data, as TFDS dataset NAME (then train it with --gin_param="DATASET='tfds:NAME'" and the same DATA_DIR):
-  python -m data.stage --name=NAME --data_dir=DIR --from_npz=data.npz        # x_train, y_train, x_test, y_test
-  python -m data.stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN
+  python -m stage --name=NAME --data_dir=DIR --from_npz=data.npz        # x_train, y_train, x_test, y_test
+  python -m stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN
       [--id_column=id] [--drop_columns=COL,COL]   # an id column keys predictions; dropped columns are left out
-  python -m data.stage --name=NAME --data_dir=DIR --from_tfrecord='train=tr-*.tfrecord,test=te-*.tfrecord' \\
+  python -m stage --name=NAME --data_dir=DIR --from_tfrecord='train=tr-*.tfrecord,test=te-*.tfrecord' \\
       --features='features:float32[8],label:int64'
-  python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES  # IMAGES/{train,test}/<class>/*.png
-  python -m data.stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES --image_size=32,32 --resize=pad \\
+  python -m stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES  # IMAGES/{train,test}/<class>/*.png
+  python -m stage --name=NAME --data_dir=DIR --from_image_folder=IMAGES --image_size=32,32 --resize=pad \\
       --channels=3   # images of any sizes and colour modes, resized at staging and by the export's signature
 Text to classify (a text column of a CSV, or one .txt file per example in class folders):
-  python -m data.stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN --text=COL
-  python -m data.stage --name=NAME --data_dir=DIR --from_text_folder=TEXTS    # TEXTS/{train,test}/<class>/*.txt
+  python -m stage --name=NAME --data_dir=DIR --from_csv=train=train.csv,test=test.csv --label=COLUMN --text=COL
+  python -m stage --name=NAME --data_dir=DIR --from_text_folder=TEXTS    # TEXTS/{train,test}/<class>/*.txt
 One file or folder, split for you (seeded, stratified by class; x and y arrays in an .npz, IMAGES/<class>/*.png,
 TEXTS/<class>/*.txt):
-  python -m data.stage --name=NAME --data_dir=DIR --from_csv=data.csv --label=COLUMN --test_fraction=0.2 --seed=0
+  python -m stage --name=NAME --data_dir=DIR --from_csv=data.csv --label=COLUMN --test_fraction=0.2 --seed=0
 
 The bundled digits builder needs no network, registered TFDS datasets download from their source first; ImageNet has
 no download: put ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar (from image-net.org, after registering) in
@@ -36,7 +36,7 @@ import logging
 import os
 import sys
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SOURCES = ("from_npz", "from_csv", "from_tfrecord", "from_image_folder", "from_text_folder")
 # A shipped experiment whose model and settings fit each inferred task: where to start.
@@ -70,19 +70,19 @@ def stage_own(args: argparse.Namespace) -> str:
     """Stores the --from_* source as TFDS dataset --name in --data_dir: 'built'; when it was there (and no --force)
     'same' or 'not compared' (see own_data.store); a ConfigError when it was staged from another source."""
     from common.extras import check_gcs_paths
-    from data.stage import fingerprint as own_fingerprint
-    from data.stage import writer as own_data
+    from stage import fingerprint as own_fingerprint
+    from stage import writer as own_data
 
     own_data.check_name(args.name)
     check_gcs_paths({"--data_dir": args.data_dir})
     features, splits, split_note = own_data.read_source(args)  # Read and checked before anything is written.
     source = own_fingerprint.of_source(args)
     return own_data.store(args.name, args.data_dir, features, splits, source=source, force=args.force,
-                          description=f"Staged with python -m data.stage {source['source']}.{split_note}")
+                          description=f"Staged with python -m stage {source['source']}.{split_note}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m data.stage", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m stage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", required=True, help="TFDS data_dir to build into, e.g. gs://BUCKET/tfds")
     known = parser.add_argument_group("a known dataset")
@@ -137,7 +137,7 @@ _STATUS = {"built": "built into", "there": "already staged in", "same": "already
            "not compared": "already staged in"}
 _NOTES = {"built": "", "there": " (nothing to do)", "same": " (nothing to do; --force rebuilds)",
           "not compared": " (nothing to do), but from a source this command cannot compare with this one: it was "
-                          "staged before data.stage recorded its sources. If the data changed, pass --force to "
+                          "staged before python -m stage recorded its sources. If the data changed, pass --force to "
                           "rebuild it"}
 
 
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     quiet_tensorflow()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     from common.errors import ConfigError
-    from data.stage.flag_checks import check_args
+    from stage.flag_checks import check_args
     from tasks.image_resize import DEFAULT_MODE
 
     try:

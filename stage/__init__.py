@@ -1,0 +1,1 @@
+"""Own-data staging (python -m stage): npz, CSV, TFRecord and image folders into TFDS."""
