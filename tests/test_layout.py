@@ -34,6 +34,7 @@ ALLOWED = {
     "gcs": {"common", "training"},
     "tools": {"common", "data", "models", "serving", "tasks", "tpu_utils", "training"},
     "scripts": {"common", "tpu_utils", "training"},
+    "stage": {"common", "data", "tasks"},
 }
 FIRST_PARTY = set(ALLOWED) | {"train", "bench"}
 # Module-name prefixes of the extras; everything else first-party (train.py included) is the core.

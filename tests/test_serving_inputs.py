@@ -52,21 +52,19 @@ def test_the_signature_refuses_non_finite_features_naming_them(served, tmp_path)
     finite = loaded_outputs(run.export_dir, inputs)
     for key, value in loaded_outputs(before, inputs).items():
         np.testing.assert_array_equal(finite[key], value, err_msg=key)  # Exactly as before.
-    assert np.isfinite(loaded_outputs(before, {"features": bad})["probabilities"]).all()  # Answered, wrongly.
+    answered = loaded_outputs(before, {"features": bad})["probabilities"]  # Answered, wrongly: no error.
+    assert answered.shape == finite["probabilities"].shape and np.isfinite(answered[[0, 1, 3]]).all()
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_an_empty_batch_gets_an_empty_answer(name, served):
-    """The image export failed on an empty batch ("Incompatible shapes: [64] vs. [0,4,4,32]": oneDNN's Conv2D keeps
-    its input's shape for an empty batch, the negative control below); every export now answers zero rows."""
+    """The image export failed on an empty batch ("Incompatible shapes: [64] vs. [0,4,4,32]": oneDNN's Conv2D kept
+    its input's shape for an empty batch); every export now answers zero rows. The bare model's failure is not
+    asserted: it raised in one process and not in another on the same machine (oneDNN's kernel choice)."""
     run = served(name)
     empty = {key: value[:0] for key, value in run.eval_inputs(1).items()}
     outputs = loaded_outputs(run.export_dir, empty)
     assert outputs and all(value.shape[0] == 0 for value in outputs.values()), {k: v.shape for k, v in
                                                                                 outputs.items()}
     assert sorted(outputs) == sorted(loaded_outputs(run.export_dir, run.eval_inputs(1)))
-    if name == "image":
-        model, spec = run.trainer.model, tf.TensorSpec([None, *run.trainer.task.image_shape], tf.float32)
-        with pytest.raises(tf.errors.InvalidArgumentError, match="Incompatible shapes"):
-            tf.function(lambda images: model(images, training=False), input_signature=[spec])(
-                run.trainer.task.preprocess(tf.constant(empty["images"])))
+
