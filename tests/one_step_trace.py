@@ -37,11 +37,10 @@ def step_ranges(executed: dict[str, set[int]]) -> dict[str, list[tuple[int, int]
         text = open(os.path.join(REPO_ROOT, path)).read().splitlines()
         joined = []
         for start, end in sorted(chosen):
-            if joined and start <= joined[-1][1] + 1 + sum(
-                    1 for between in text[joined[-1][1]:start - 1] if not between.strip() or
-                    between.strip().startswith("#")):
+            between = text[joined[-1][1]:start - 1] if joined else None  # Empty when the spans touch or nest.
+            if joined and all(not line.strip() or line.strip().startswith("#") for line in between):
                 joined[-1] = (joined[-1][0], max(joined[-1][1], end))
-            elif not any(start >= kept[0] and end <= kept[1] for kept in joined):
+            else:
                 joined.append((start, end))
         ranges[path] = joined
     return ranges
