@@ -10,10 +10,64 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_train_py(*args: str, cwd: str | None = None, timeout: float = 300, env: dict | None = None):
-    """Runs `python train.py ARGS` in a subprocess; returns the CompletedProcess (stdout and stderr as text)."""
-    return subprocess.run([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args], cwd=cwd or REPO_ROOT,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+def run_train_py(*args: str, cwd: str | None = None, timeout: float = 300, env: dict | None = None,
+                 process: bool = False) -> subprocess.CompletedProcess:
+    """Runs train.py's command line ARGS; returns a CompletedProcess (returncode, stdout and stderr as text).
+
+    In this process by default (`train.main`, what `python train.py` calls): a process costs 5-8 s of interpreter and
+    TensorFlow start-up before any work, and most tests need the command's behaviour, not a process. A separate
+    process (`process=True`, or `env` given: variables TensorFlow reads once, when it loads) where the process is the
+    point: a fresh interpreter's imports, TensorFlow's C++ output on the real stderr, the exit path. `timeout` bounds
+    a process only.
+    """
+    if process or env:
+        return subprocess.run([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args], cwd=cwd or REPO_ROOT,
+                              capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return train_in_process(*args, cwd=cwd)
+
+
+def train_in_process(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` as this process's call of `train.main`, with what a process would give a test: the
+    working directory `cwd` (default the repository root), stdout and stderr captured (progress lines formatted as
+    train.py formats them), the environment and working directory restored after, Keras' global names reset before
+    (a fresh process's layer names), an uncaught exception printed as a traceback with exit code 1."""
+    import contextlib
+    import io
+    import logging
+    import traceback
+
+    import keras
+
+    import train
+
+    argv = [os.path.join(REPO_ROOT, "train.py"), *args]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    # train.py's logging.basicConfig does nothing when the root logger has a handler (pytest adds its own): this one
+    # writes the progress lines to the captured stdout in train.py's format.
+    handler = logging.StreamHandler(stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    environment, directory = dict(os.environ), os.getcwd()
+    keras.backend.clear_session()
+    root.addHandler(handler)
+    os.chdir(cwd or REPO_ROOT)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = train.main(argv)
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+                if isinstance(stop.code, str):
+                    print(stop.code, file=sys.stderr)
+            except Exception:  # noqa: BLE001 - a process would print it and exit 1; so does this.
+                traceback.print_exc()
+                code = 1
+    finally:
+        root.removeHandler(handler)
+        os.chdir(directory)
+        os.environ.clear()
+        os.environ.update(environment)
+    return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
 
 
 class Run:

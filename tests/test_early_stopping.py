@@ -1,29 +1,27 @@
 """EARLY_STOP_PATIENCE: training ends once BEST_METRIC has not improved for that many evaluations, with a final
 checkpoint and export, the best kept in best/ and export/best/, exit 0; a rerun of the same command stays stopped
-(it does not train on). Runs the default config's model on digits through train.main; the rule itself is checked
-on planted histories (min delta, 'min' metrics, a non-finite evaluation)."""
+(it does not train on). Runs the default config's model on digits through train.main, in this process; the rule
+itself is checked on planted histories (min delta, 'min' metrics, a non-finite evaluation)."""
 
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
 from common.errors import ConfigError
-from helpers import REPO_ROOT
+from helpers import run_train_py
 
-# Evaluations at 100, 200, 300, ...; an improvement of accuracy by more than 1.0 is impossible, so to early stopping
-# the evaluation at 100 stays the best and the run stops at 300, after two evaluations without improvement.
-STOPPING = ["--gin_param=TRAIN_STEPS=1000", "--gin_param=STEPS_PER_LOOP=100", "--gin_param=EVAL_EVERY=100",
+# Evaluations at 20, 40, 60, ...; an improvement of accuracy by more than 1.0 is impossible, so to early stopping
+# the evaluation at 20 stays the best and the run stops at 60, after two evaluations without improvement (the rule
+# counts evaluations, not steps: 20 steps between them show it as 100 did).
+STOPPING = ["--gin_param=TRAIN_STEPS=1000", "--gin_param=STEPS_PER_LOOP=20", "--gin_param=EVAL_EVERY=20",
             "--gin_param=CHECKPOINT_EVERY=0", "--gin_param=BEST_METRIC='eval/accuracy'",
             "--gin_param=EARLY_STOP_PATIENCE=2", "--gin_param=experiment.early_stop_min_delta=1.0"]
 
 
 def _train(model_dir, *args):
-    return subprocess.run([sys.executable, "train.py", f"--model_dir={model_dir}", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return run_train_py(f"--model_dir={model_dir}", *args)
 
 
 def _train_steps(model_dir) -> list[int]:
@@ -35,31 +33,31 @@ def test_a_run_stops_early_keeps_its_best_and_stays_stopped(tmp_path):
     model_dir = tmp_path / "run"
     first = _train(model_dir, *STOPPING)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "Stopped early at step 300: eval/accuracy has not improved by more than 1 in the last 2 evaluations " \
+    assert "Stopped early at step 60: eval/accuracy has not improved by more than 1 in the last 2 evaluations " \
            "(best" in first.stdout, first.stdout[-3000:]
-    assert _train_steps(model_dir) == [100, 200, 300]
-    assert os.path.exists(model_dir / "checkpoints" / "ckpt-300.index")
-    assert os.path.exists(model_dir / "export" / "300" / "saved_model.pb")
+    assert _train_steps(model_dir) == [20, 40, 60]
+    assert os.path.exists(model_dir / "checkpoints" / "ckpt-60.index")
+    assert os.path.exists(model_dir / "export" / "60" / "saved_model.pb")
     evaluations = [json.loads(line) for line in open(model_dir / "metrics.jsonl")]
     accuracies = {record["step"]: record["metrics"]["accuracy"] for record in evaluations if record["kind"] == "eval"}
     best = json.load(open(model_dir / "best" / "best.json"))  # best/ keeps the highest accuracy (no min delta).
-    assert sorted(accuracies) == [100, 200, 300] and best["value"] == max(accuracies.values())
+    assert sorted(accuracies) == [20, 40, 60] and best["value"] == max(accuracies.values())
     assert accuracies[best["step"]] == best["value"]
     assert os.path.exists(model_dir / "export" / "best" / "saved_model.pb")
-    assert json.load(open(model_dir / "metrics.json"))["step"] == 300
-    assert first.stdout.count("eval step 300") == 1  # The stopping evaluation is the final one, not repeated.
+    assert json.load(open(model_dir / "metrics.json"))["step"] == 60
+    assert first.stdout.count("eval step 60") == 1  # The stopping evaluation is the final one, not repeated.
 
     again = _train(model_dir, *STOPPING)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "Stopped early at step 300, before this start" in again.stdout
-    assert _train_steps(model_dir) == [100, 200, 300]  # Nothing trained on.
+    assert "Stopped early at step 60, before this start" in again.stdout
+    assert _train_steps(model_dir) == [20, 40, 60]  # Nothing trained on.
 
 
 def test_without_patience_the_same_run_trains_to_the_end(tmp_path):
     """Negative control: the same command with EARLY_STOP_PATIENCE=0 trains every step."""
-    result = _train(tmp_path / "run", *STOPPING[:-2], "--gin_param=TRAIN_STEPS=500")
+    result = _train(tmp_path / "run", *STOPPING[:-2], "--gin_param=TRAIN_STEPS=100")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert _train_steps(tmp_path / "run") == [100, 200, 300, 400, 500] and "Stopped early" not in result.stdout
+    assert _train_steps(tmp_path / "run") == [20, 40, 60, 80, 100] and "Stopped early" not in result.stdout
 
 
 class _History:
