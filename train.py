@@ -57,12 +57,12 @@ def _main(argv: list[str]) -> int:
     # TF_CPP_MIN_LOG_LEVEL=0 shows them), and let its gs:// client give up on a failing request in ~20 s rather than
     # ~3 minutes (common/gcs_retries.py).
     from common import gcs_retries
-    from common.tf_logging import quiet_tensorflow
+    from common.tf_logging import PROGRESS_FORMAT, PROGRESS_TIME_FORMAT, quiet_tensorflow
 
     quiet_tensorflow()
 
     gcs_retries.set_defaults()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
+    logging.basicConfig(level=logging.WARNING, format=PROGRESS_FORMAT, datefmt=PROGRESS_TIME_FORMAT, stream=sys.stdout)
     for package in ("training", "tpu_utils", "data", "models", "tasks"):  # Our progress lines; libraries: WARNING.
         logging.getLogger(package).setLevel(logging.INFO)
     if not args.preflight:  # On a TPU, before TensorFlow loads: PJRT on v5e and later (tpu_utils/tpu/startup.py).

@@ -71,6 +71,7 @@ def _controller(gin_file: str, gin_params: list[str]):
     from training import config_files
 
     config_files.parse([gin_file], ["TRAIN_STEPS=1000000", *gin_params], search_path=config_files.REPO_ROOT)
+    from common.tf_logging import PROGRESS_FORMAT, PROGRESS_TIME_FORMAT
     from tpu_utils.strategy import make_strategy
     from training import experiment
     from training.controller import Controller
@@ -79,7 +80,7 @@ def _controller(gin_file: str, gin_params: list[str]):
     from training.trainer import Trainer
 
     handler = logging.StreamHandler(io.StringIO())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    handler.setFormatter(logging.Formatter(PROGRESS_FORMAT, PROGRESS_TIME_FORMAT))
     logging.getLogger("training").addHandler(handler)
     logging.getLogger("training").setLevel(logging.INFO)
     logging.getLogger("training").propagate = False

@@ -12,6 +12,8 @@ every line (docs/watch_a_run.md).
 import os
 
 QUIET_LEVEL = "2"
+# Every command's own progress lines: the time, then the message ("09:14:03 step 100/1000 ...").
+PROGRESS_FORMAT, PROGRESS_TIME_FORMAT = "%(asctime)s %(message)s", "%H:%M:%S"
 
 
 def quiet_tensorflow(environ=os.environ) -> str:

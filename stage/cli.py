@@ -143,10 +143,11 @@ _NOTES = {"built": "", "there": " (nothing to do)", "same": " (nothing to do; --
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
+    # Before TensorFlow loads: its C++ start-up lines off.
+    from common.tf_logging import PROGRESS_FORMAT, PROGRESS_TIME_FORMAT, quiet_tensorflow
 
     quiet_tensorflow()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
+    logging.basicConfig(level=logging.INFO, format=PROGRESS_FORMAT, datefmt=PROGRESS_TIME_FORMAT, stream=sys.stdout)
     from common.errors import ConfigError
     from stage.flag_checks import check_args
     from tasks.image_resize import DEFAULT_MODE

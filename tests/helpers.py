@@ -39,13 +39,14 @@ def train_in_process(*args: str, cwd: str | None = None) -> subprocess.Completed
     import keras
 
     import train
+    from common.tf_logging import PROGRESS_FORMAT, PROGRESS_TIME_FORMAT
 
     argv = [os.path.join(REPO_ROOT, "train.py"), *args]
     stdout, stderr = io.StringIO(), io.StringIO()
     # train.py's logging.basicConfig does nothing when the root logger has a handler (pytest adds its own): this one
     # writes the progress lines to the captured stdout in train.py's format.
     handler = logging.StreamHandler(stdout)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    handler.setFormatter(logging.Formatter(PROGRESS_FORMAT, datefmt=PROGRESS_TIME_FORMAT))
     root = logging.getLogger()
     environment, directory = dict(os.environ), os.getcwd()
     keras.backend.clear_session()
