@@ -27,10 +27,20 @@ def run_train_py(*args: str, cwd: str | None = None, timeout: float = 300, env: 
 
 
 def train_in_process(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` as this process's call of `train.main`, with what a process would give a test: the
-    working directory `cwd` (default the repository root), stdout and stderr captured (progress lines formatted as
-    train.py formats them), the environment and working directory restored after, Keras' global names reset before
-    (a fresh process's layer names), an uncaught exception printed as a traceback with exit code 1."""
+    """`python train.py ARGS` as this process's call of `train.main` (call_in_process says what a test gets)."""
+    import train
+
+    argv = [os.path.join(REPO_ROOT, "train.py"), *args]
+    return call_in_process(train.main, argv, argv, cwd=cwd)
+
+
+def call_in_process(entry, entry_argv: list[str], argv: list[str], cwd: str | None = None
+                    ) -> subprocess.CompletedProcess:
+    """`entry(entry_argv)`, a command's main function, with what a process would give a test: the working directory
+    `cwd` (default the repository root), stdout and stderr captured (progress lines formatted as the commands format
+    them), the environment and working directory restored after, Keras' global names reset before (a fresh
+    process's layer names), an uncaught exception printed as a traceback with exit code 1. `argv` is the command
+    line the CompletedProcess reports."""
     import contextlib
     import io
     import logging
@@ -38,13 +48,11 @@ def train_in_process(*args: str, cwd: str | None = None) -> subprocess.Completed
 
     import keras
 
-    import train
     from common.tf_logging import PROGRESS_FORMAT, PROGRESS_TIME_FORMAT
 
-    argv = [os.path.join(REPO_ROOT, "train.py"), *args]
     stdout, stderr = io.StringIO(), io.StringIO()
-    # train.py's logging.basicConfig does nothing when the root logger has a handler (pytest adds its own): this one
-    # writes the progress lines to the captured stdout in train.py's format.
+    # The commands' logging.basicConfig does nothing when the root logger has a handler (pytest adds its own): this
+    # one writes the progress lines to the captured stdout in the commands' format.
     handler = logging.StreamHandler(stdout)
     handler.setFormatter(logging.Formatter(PROGRESS_FORMAT, datefmt=PROGRESS_TIME_FORMAT))
     root = logging.getLogger()
@@ -55,7 +63,7 @@ def train_in_process(*args: str, cwd: str | None = None) -> subprocess.Completed
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
-                code = train.main(argv)
+                code = entry(entry_argv)
             except SystemExit as stop:
                 code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
                 if isinstance(stop.code, str):
@@ -119,10 +127,25 @@ class Run:
         return "".join(self.errors)
 
 
-def run_module(module: str, *args: str, timeout: float = 300):
-    """Runs `python -m MODULE ARGS` from the repository root; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+# `python -m MODULE`'s main function for run_module in this process: (module holding main, whether main's argv
+# starts with the program name as sys.argv does).
+MODULE_ENTRY_POINTS = {"stage": ("stage.cli", False), "tools.predict": ("tools.predict", False),
+                       "tools.compare": ("tools.compare", False),
+                       "training.replica_invariance": ("training.replica_invariance", True)}
+
+
+def run_module(module: str, *args: str, timeout: float = 300, process: bool = False):
+    """Runs `python -m MODULE ARGS` from the repository root; returns the CompletedProcess. In this process
+    (MODULE_ENTRY_POINTS, as run_train_py does) unless `process=True`; `timeout` bounds a process only."""
+    import importlib
+
+    if process:
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=timeout, env=dict(os.environ))
+    entry_module, with_program_name = MODULE_ENTRY_POINTS[module]
+    main = importlib.import_module(entry_module).main
+    argv = [module, *args]
+    return call_in_process(main, argv if with_program_name else list(args), argv)
 
 
 def litert_runner(model_path: str):

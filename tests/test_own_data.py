@@ -221,7 +221,7 @@ def test_a_dataset_that_is_not_staged_names_the_stage_command_in_one_line(tmp_pa
 
 def test_a_bundled_builder_stages_by_its_tfds_name(tmp_path):
     """In a fresh process: the builder's module is imported for its TFDS name (it registers the builder)."""
-    result = run_module("stage", "--dataset=tfds:sklearn_breast_cancer", f"--data_dir={tmp_path}")
+    result = run_module("stage", "--dataset=tfds:sklearn_breast_cancer", f"--data_dir={tmp_path}", process=True)
     assert result.returncode == 0 and "built into" in result.stdout, result.stderr[-2000:]
 
 
