@@ -94,6 +94,8 @@ COMMON = ["--gin_param=DATASET='imagenet2012'", "--gin_param=MODEL='resnet'", "-
 
 
 @pytest.mark.slow
+# ~60 s: three runs of a ResNet on 224-pixel crops with their exports; the resume must cross a checkpoint mid-epoch
+# through the real imagenet2012 reader, which only these runs do.
 def test_imagenet_training_resumes_exactly_through_train_py(tmp_path, fake_imagenet):
     """4 steps, then resumed to 8 (mid-epoch: 60 train images = 7.5 global batches, so step 8 is in epoch 1)
     equals 8 straight steps, bit for bit: the by-shard order and the crops continue exactly."""
