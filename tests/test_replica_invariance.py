@@ -216,7 +216,7 @@ def test_the_readme_command_passes_on_main(data_dir):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS" in result.stdout and "float64, 60 steps" in result.stdout
     assert "forced on: kernel L2 0.001, clip_global_norm" in result.stdout
-    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
     assert [int(row[0]) for row in rows] == replicas == REPLICAS, result.stdout
     assert all(float(row[4]) <= replica_invariance.TOLERANCE for row in rows), result.stdout
 
