@@ -52,8 +52,15 @@ def imagenet_bucket(gcs, tmp_path_factory) -> str:
 
 
 def _target_replicas(path: str) -> int:
-    line = next(line for line in open(path) if line.startswith("experiment.target_replicas"))
-    return int(line.split("=")[1])
+    """The config's experiment.target_replicas, read as train.py reads the config."""
+    import gin
+
+    from training import config_files, experiment
+
+    config_files.parse([path], [], search_path=REPO_ROOT)
+    replicas = experiment.experiment().target_replicas
+    gin.clear_config()  # The command under test parses the config itself.
+    return replicas
 
 
 @pytest.mark.slow
