@@ -127,6 +127,16 @@ class Run:
         return "".join(self.errors)
 
 
+def shipped_config(config_file: str, *params: str):
+    """The experiment of the config file CONFIG_FILE (repository-relative or absolute) with gin PARAMS applied after
+    it, read as train.py reads it (training/config_files.py's parse, then experiment.experiment()). The caller clears
+    gin (tests/conftest.py does after each test) before a command under test parses a config itself."""
+    from training import config_files, experiment
+
+    config_files.parse([config_file], list(params), search_path=REPO_ROOT)
+    return experiment.experiment()
+
+
 # `python -m MODULE`'s main function for run_module in this process: (module holding main, whether main's argv
 # starts with the program name as sys.argv does).
 MODULE_ENTRY_POINTS = {"stage": ("stage.cli", False), "tools.predict": ("tools.predict", False),

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from helpers import REPO_ROOT
+from helpers import shipped_config
 
 SAVED_MODEL_CLI = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
 
@@ -68,7 +68,6 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
     import gin
 
     from tpu_utils.strategy import make_strategy
-    from training import config_files, experiment
     from training.controller import Controller
     from training.run_directory.layout import RunDirectory
     from training.run_directory.record import RunRecord
@@ -76,13 +75,13 @@ def train_and_export(name: str, model_dir: str, data_dir: str) -> ServedRun:
 
     gin_file, extra = CONFIGS[name]
     params = [*SHRUNK, *extra, f"DATA_DIR='{data_dir}'"]
-    config_files.parse([gin_file], params, search_path=REPO_ROOT)
+    config = shipped_config(gin_file, *params)
     collect = _Collect()
     loggers = [logging.getLogger("training.run_directory.export"), logging.getLogger("serving.tflite")]
     for logger in loggers:
         logger.addHandler(collect)
     try:
-        trainer = Trainer(experiment.experiment(), make_strategy("default"))
+        trainer = Trainer(config, make_strategy("default"))
         controller = Controller(trainer, RunRecord(trainer, RunDirectory(model_dir)))
         controller.record.restore()
         controller.train_and_evaluate()

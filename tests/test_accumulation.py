@@ -10,16 +10,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import REPO_ROOT, checkpoint_values, run_train_py
-from training import config_files, experiment, replica_invariance
+from helpers import checkpoint_values, run_train_py, shipped_config
+from training import replica_invariance
 from training.learning import step
 
 MLP = "configs/experiments/digits_mlp.gin"
 
-
-def _shipped(config_file: str, *params: str):
-    config_files.parse([config_file], list(params), search_path=REPO_ROOT)
-    return experiment.experiment()
 
 
 def _measure(config, replicas, accumulate, **options):
@@ -33,8 +29,8 @@ def _measure(config, replicas, accumulate, **options):
 @pytest.mark.slow
 def test_k_1_2_4_at_1_2_4_replicas_train_the_same_weights_on_the_tf_data_pipeline(data_dir):
     """Adam at its shipped 1e-3 (the CASES entry covers SGD, dropout and the on-device split)."""
-    config = _shipped(MLP, "experiment.optimizer='adam'", "LEARNING_RATE=0.001",
-                      "experiment.train_data_on_device='never'")
+    config = shipped_config(MLP, "experiment.optimizer='adam'", "LEARNING_RATE=0.001",
+                            "experiment.train_data_on_device='never'")
     runs, passed, table = _measure(config, [1, 2, 4], [1, 2, 4])
     assert passed, table
     assert [(run.replicas, run.accumulate_steps) for run in runs] == [(r, k) for r in (1, 2, 4) for k in (1, 2, 4)]
@@ -51,7 +47,7 @@ def test_dividing_each_micro_batch_by_its_own_size_fails_the_equality(data_dir, 
     """Negative control: invisible at k=1 (there the micro-batch is the global batch) and across replicas at one k,
     a factor of k in the gradient at k > 1."""
     monkeypatch.setattr(step, "average_over_global_batch", _micro_batch_mean)
-    runs, passed, table = _measure(_shipped(MLP), [1, 2], [1, 2])
+    runs, passed, table = _measure(shipped_config(MLP), [1, 2], [1, 2])
     assert not passed
     worst = {(run.replicas, run.accumulate_steps): run.worst_difference for run in runs}
     assert worst[(2, 1)] <= replica_invariance.TOLERANCE, table  # Replicas at k=1: still right.
@@ -177,7 +173,8 @@ def test_bad_accumulate_exits_2_naming_the_value_and_the_fix(accumulate, capsys)
 
 def test_the_config_carries_the_macro(small_config):
     assert dataclasses.replace(small_config(), accumulate_steps=4).accumulate_steps == 4
-    assert _shipped(MLP, "ACCUMULATE_STEPS=4").accumulate_steps == 4 and _shipped(MLP).accumulate_steps == 1
+    assert shipped_config(MLP, "ACCUMULATE_STEPS=4").accumulate_steps == 4
+    assert shipped_config(MLP).accumulate_steps == 1
 
 
 def test_the_preflight_compiles_the_accumulating_step_with_xla_and_checks_k_x_replicas(small_config, tmp_path):

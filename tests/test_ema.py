@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from common.errors import ConfigError
-from helpers import checkpoint_values, run_train_py
+from helpers import checkpoint_values, run_train_py, shipped_config
 from training.learning.ema import decay_at
 
 DIGITS = "--gin_file=configs/experiments/digits_mlp.gin"
@@ -167,10 +167,10 @@ def test_the_replica_invariance_check_compares_the_averages(data_dir):
     """training/replica_invariance.py with EMA on compares ema/<weight> tensors too (the full 1, 2, 4-replica float64
     check at 1e-9 is the 'mlp-adam-ema' case of tests/test_replica_invariance.py); a planted difference in one
     average fails it (negative control)."""
-    from training import config_files, experiment, replica_invariance
+    from training import replica_invariance
 
-    config_files.parse(["configs/experiments/digits_mlp.gin"], ["EMA_DECAY=0.9"], search_path=config_files.REPO_ROOT)
-    runs, probe = replica_invariance.measure(experiment.experiment(), [1, 2], steps=5)
+    runs, probe = replica_invariance.measure(shipped_config("configs/experiments/digits_mlp.gin", "EMA_DECAY=0.9"),
+                                             [1, 2], steps=5)
     names = [name for name, _ in runs[1].weights]
     assert sum(name.startswith("ema/") for name in names) == 6
     assert replica_invariance.report(runs, probe)[0]

@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 from common.errors import ConfigError
-from helpers import REPO_ROOT, run_train_py
-from training import config_files, experiment, preflight, replica_invariance
+from helpers import run_train_py, shipped_config
+from training import preflight, replica_invariance
 from training.trainer import Trainer
 
 DEFAULT = "configs/default.gin"
@@ -26,14 +26,10 @@ TOLERANCE = 1e-9  # float64: exact-math-equal computations agree to ~1e-15 (XLA 
 AGREEMENT_CASES = {"cnn-1-replica": (DEFAULT, 1, {"synchronized_batch_norm": False}), "mlp-2-replicas": (MLP, 2, {})}
 
 
-def _shipped(config_file: str, *params: str):
-    config_files.parse([config_file], list(params), search_path=REPO_ROOT)
-    return experiment.experiment()
-
 
 def _trained(config_file: str, replicas: int, model_options: dict, *params: str) -> replica_invariance.ReplicaRun:
     """The run of the replica-invariance check's probe at `replicas` replicas, float64, past the warm-up."""
-    config = _shipped(config_file, *params)
+    config = shipped_config(config_file, *params)
     runs, _ = replica_invariance.measure(config, [replicas], steps=replica_invariance.default_steps(),
                                          model_options=model_options)
     return runs[0]
@@ -62,7 +58,7 @@ def test_on_trains_the_same_weights_as_off_in_float64(data_dir, mlp_off_at_2, ca
 
 @pytest.mark.slow
 def test_negative_control_a_learning_rate_1e_6_larger_fails_the_agreement(data_dir, mlp_off_at_2):
-    learning_rate = _shipped(MLP).learning_rate
+    learning_rate = shipped_config(MLP).learning_rate
     nudged = _trained(MLP, 2, {}, f"LEARNING_RATE={learning_rate * (1 + 1e-6)!r}")
     assert _worst_difference(mlp_off_at_2, nudged) > 100 * TOLERANCE
 

@@ -235,13 +235,14 @@ def test_the_invariance_check_catches_a_double_gradient_sum_under_lars(data_dir,
     """Negative control for the LARS case: LARS' trust ratio divides out the gradient's scale (lr * eta * |w| / |g|
     * g), so a doubled gradient sum would hide in its kernels; the excluded biases and BatchNormalization (plain
     momentum SGD) and the weight-decay term still show it, and the check fails far outside 1e-9."""
-    from test_replica_invariance import CASES, PLANTED_BUGS, _shipped
+    from test_replica_invariance import CASES, PLANTED_BUGS
 
+    from helpers import shipped_config
     from training import replica_invariance
 
     config_file, params, _ = CASES["cnn-lars-polynomial"]
     PLANTED_BUGS["double_gradient_sum"](monkeypatch)
-    runs, probe = replica_invariance.measure(_shipped(config_file, *params), [1, 2], steps=25)
+    runs, probe = replica_invariance.measure(shipped_config(config_file, *params), [1, 2], steps=25)
     passed, table = replica_invariance.report(runs, probe)
     print(table)
     assert not passed and runs[1].worst_difference > 1e4 * replica_invariance.TOLERANCE, table

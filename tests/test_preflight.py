@@ -19,7 +19,7 @@ import tensorflow_datasets as tfds
 
 from data import pipeline
 from models import registry as model_registry
-from tests.helpers import REPO_ROOT, run_module, run_train_py
+from tests.helpers import REPO_ROOT, run_module, run_train_py, shipped_config
 from training import preflight
 
 TPU_CONFIGS = sorted(path for path in glob.glob(os.path.join(REPO_ROOT, "configs", "tpu", "*.gin"))
@@ -55,10 +55,7 @@ def _target_replicas(path: str) -> int:
     """The config's experiment.target_replicas, read as train.py reads the config."""
     import gin
 
-    from training import config_files, experiment
-
-    config_files.parse([path], [], search_path=REPO_ROOT)
-    replicas = experiment.experiment().target_replicas
+    replicas = shipped_config(path).target_replicas
     gin.clear_config()  # The command under test parses the config itself.
     return replicas
 

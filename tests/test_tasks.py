@@ -15,18 +15,13 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
-from helpers import REPO_ROOT, run_train_py
+from helpers import run_train_py, shipped_config
 from tpu_utils.strategy import make_strategy
-from training import config_files, experiment
 from training.trainer import Trainer
 
 CLASSIFICATION = "configs/experiments/breast_cancer_mlp.gin"
 REGRESSION = "configs/experiments/synthetic_housing_mlp.gin"
 
-
-def _shipped(config_file: str, *params: str):
-    config_files.parse([config_file], list(params), search_path=REPO_ROOT)
-    return experiment.experiment()
 
 
 @pytest.mark.slow
@@ -42,7 +37,7 @@ def test_each_worked_example_reaches_its_stated_result_and_serves_raw_rows(tmp_p
     assert value >= bound if metric == "accuracy" else value <= bound, metrics
 
     # The export takes raw float rows (not standardised ones) and applies the training preprocessing itself.
-    config = _shipped(config_file)
+    config = shipped_config(config_file)
     trainer = Trainer(config, make_strategy("default"), training=False)
     rows = tfds.as_numpy(trainer.builder.as_dataset(split="test", batch_size=8).take(1))
     rows = next(iter(rows))
@@ -75,9 +70,9 @@ def _binary_numpy_metrics(logits, labels):
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_classification_metrics_equal_numpy_over_the_whole_split(data_dir, replicas):
     """114 test rows, eval batch 24 (8 per replica at 3): the last batch is padded, and padding counts in nothing."""
-    config = _shipped(CLASSIFICATION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=24", "STRATEGY='mirrored'",
-                      f"VIRTUAL_DEVICES={replicas}", "experiment.metrics=['accuracy', 'auc', 'precision', 'recall', "
-                      "'top_1_accuracy']")
+    config = shipped_config(CLASSIFICATION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=24",
+                            "STRATEGY='mirrored'", f"VIRTUAL_DEVICES={replicas}",
+                            "experiment.metrics=['accuracy', 'auc', 'precision', 'recall', 'top_1_accuracy']")
     trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
     trainer.train(trainer.train_iterator(), 60)  # Partly trained: some errors, so every metric can be wrong.
     evaluation = trainer.evaluate()
@@ -94,8 +89,8 @@ def test_classification_metrics_equal_numpy_over_the_whole_split(data_dir, repli
 
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_regression_metrics_equal_numpy_over_the_whole_split(data_dir, replicas):
-    config = _shipped(REGRESSION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=48", "STRATEGY='mirrored'",
-                      f"VIRTUAL_DEVICES={replicas}")
+    config = shipped_config(REGRESSION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=48",
+                            "STRATEGY='mirrored'", f"VIRTUAL_DEVICES={replicas}")
     trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
     trainer.train(trainer.train_iterator(), 50)
     evaluation = trainer.evaluate()
@@ -116,7 +111,8 @@ def test_regression_metrics_equal_numpy_over_the_whole_split(data_dir, replicas)
     ("digits", "['accuracy', 'loss']", "'loss' is always reported; do not list it in experiment.metrics"),
 ])
 def test_a_metric_that_does_not_fit_the_task_is_a_config_error(data_dir, dataset, metrics, message):
-    config = _shipped("configs/experiments/digits_mlp.gin", f"DATASET='{dataset}'", f"experiment.metrics={metrics}")
+    config = shipped_config("configs/experiments/digits_mlp.gin", f"DATASET='{dataset}'",
+                            f"experiment.metrics={metrics}")
     with pytest.raises(ConfigError, match=message):
         Trainer(config, make_strategy("default"))
 

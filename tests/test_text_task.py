@@ -20,11 +20,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from data import registry as data_registry
-from helpers import REPO_ROOT, checkpoint_values, run_train_py
+from helpers import REPO_ROOT, checkpoint_values, run_train_py, shipped_config
 from models import transformer as transformer_module
 from tasks.text_classification import TextClassification
 from tpu_utils.strategy import make_strategy
-from training import config_files, experiment, preflight
+from training import preflight
 from training.trainer import Trainer
 
 CONFIG = "configs/experiments/synthetic_reviews_transformer.gin"
@@ -32,8 +32,7 @@ STATED_ACCURACY = 0.90  # The header measures 95.6% (5% label noise); this is th
 
 
 def _shipped(*params: str):
-    config_files.parse([CONFIG], list(params), search_path=REPO_ROOT)
-    return experiment.experiment()
+    return shipped_config(CONFIG, *params)
 
 
 def _split(trainer: Trainer, split: str) -> dict:
