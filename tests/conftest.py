@@ -82,10 +82,41 @@ def pytest_ignore_collect(collection_path, config):
     return any(name == extra or name.startswith(extra + ".") for name in reached for extra in missing) or None
 
 
+# The fork run (tests/test_core_alone.py) runs every core test in a copy without the extras. A session that selects it
+# leaves the core tests to it rather than running each twice (the copy differs from this tree only by the extras,
+# which no core test may need), except those that read every file of the tree, extras included.
+FORK_RUN = "test_core_alone.py::test_the_cores_tests_pass_in_a_fork_without_the_extras"
+WHOLE_TREE_MODULES = frozenset({"test_layout", "test_docs_links"})
+
+
+def _module(item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1]
+
+
+# What this session collected, before `-m` and `-k` select: the test modules, and the core's fast tests (the fork
+# run checks that it ran as many).
+MODULES_COLLECTED = pytest.StashKey[set]()
+CORE_TESTS_COLLECTED = pytest.StashKey[list]()
+
+
+def pytest_itemcollected(item):
+    """Marks the core's fast tests `core` (before `-m` selects), and records what was collected."""
+    item.config.stash.setdefault(MODULES_COLLECTED, set()).add(_module(item))
+    if _module(item) in CORE_TEST_MODULES and item.get_closest_marker("slow") is None:
+        item.add_marker(pytest.mark.core)
+        item.config.stash.setdefault(CORE_TESTS_COLLECTED, []).append(item.nodeid)
+
+
+@pytest.hookimpl(trylast=True)  # After `-m` and `-k` have selected: only a fork run that will run counts.
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in CORE_TEST_MODULES and item.get_closest_marker("slow") is None:
-            item.add_marker(pytest.mark.core)
+    if not any(item.nodeid.endswith(FORK_RUN) for item in items):
+        return
+    in_the_fork = [item for item in items
+                   if item.get_closest_marker("core") is not None and _module(item) not in WHOLE_TREE_MODULES]
+    if in_the_fork:
+        config.hook.pytest_deselected(items=in_the_fork)
+        moved = set(in_the_fork)
+        items[:] = [item for item in items if item not in moved]
 
 
 def pytest_unconfigure(config):

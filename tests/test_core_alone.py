@@ -67,19 +67,29 @@ def test_the_default_config_trains_and_exports_without_the_extras(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # The core's suite: a few minutes on a quiet 2-core machine, longer beside other tests.
-def test_the_cores_tests_pass_in_a_fork_without_the_extras(tmp_path):
+# Over 60 s: the core's whole fast suite (2-3 minutes on a quiet 2-core machine, longer beside other tests) is the
+# property. A session that runs this test runs the core's tests here only (tests/conftest.py FORK_RUN), not twice.
+@pytest.mark.timeout(1800)
+def test_the_cores_tests_pass_in_a_fork_without_the_extras(tmp_path, request):
     """The forker's check after an edit, `pytest -m core -n 2`, in the copy without the extras: it passes, nothing
-    skipped and no collection error (the extras' own tests are left out there: tests/conftest.py). Slow (the core's
-    whole fast suite, a few minutes) because that is the property."""
+    skipped and no collection error (the extras' own tests are left out there: tests/conftest.py), and it runs every
+    core test this tree has. A failure lists the core tests that failed, as `pytest -m core` would here."""
+    from conftest import CORE_TEST_MODULES, CORE_TESTS_COLLECTED, MODULES_COLLECTED
+
     root = copy_without(tmp_path, EXTRAS)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "core", "-n", "2", "-q", "-p", "no:cacheprovider"],
-                            cwd=root, capture_output=True, text=True, timeout=1800,
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "core", "-n", "2", "-q", "-p", "no:cacheprovider",
+                             "--tb=short", "-rfE"], cwd=root, capture_output=True, text=True, timeout=1800,
                             env={**os.environ, "PYTHONPATH": ""})
-    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    summary = lines[-1] if lines else ""
+    failed = "\n".join(line for line in lines if line.startswith(("FAILED ", "ERROR ")))
+    assert result.returncode == 0, (f"the core's tests failed in the copy without the extras ({summary}):\n{failed}\n"
+                                    + result.stdout[-6000:] + result.stderr[-3000:])
     assert " passed" in summary and "skipped" not in summary and "error" not in summary, summary
-    assert int(summary.split(" passed")[0].split()[-1]) >= 300, summary  # The core's tests ran, not a handful.
+    passed = int(summary.split(" passed")[0].split()[-1])
+    assert passed >= 300, summary  # The core's tests ran, not a handful.
+    if CORE_TEST_MODULES <= request.config.stash.get(MODULES_COLLECTED, set()):  # This session collected them all:
+        assert passed == len(request.config.stash[CORE_TESTS_COLLECTED]), summary  # every one ran in the copy.
 
 
 @pytest.mark.slow
