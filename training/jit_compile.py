@@ -33,21 +33,24 @@ log = logging.getLogger(__name__)
 AUTO_ON = {"cnn": (1, 64)}
 
 
-def resolve(config, model: keras.Model, strategy: tf.distribute.Strategy, *, per_replica_batch: int,
+def is_mirrored(strategy: tf.distribute.Strategy) -> bool:
+    """Whether `strategy` mirrors the variables (cross-replica merges in the forward pass), at any replica count."""
+    return strategy.num_replicas_in_sync > 1 or isinstance(strategy, (tf.distribute.MirroredStrategy,
+                                                                      tf.distribute.MultiWorkerMirroredStrategy))
+
+
+def resolve(config, model: keras.Model, *, replicas: int, mirrored: bool, per_replica_batch: int,
             on_tpu: bool) -> bool:
-    """Whether the training step compiles its forward and backward pass with XLA, for `config` under `strategy`
-    at `per_replica_batch` examples per replica (`on_tpu`: the config is for TPUs, even where --preflight builds it
-    on CPUs). A ConfigError for 'on' where it
-    cannot work (see the module docstring)."""
+    """Whether the training step compiles its forward and backward pass with XLA, for `config` on `replicas`
+    replicas (`mirrored`: under a strategy that mirrors the variables, is_mirrored) at `per_replica_batch` examples
+    per replica (`on_tpu`: the config is for TPUs, even where --preflight builds it on CPUs). A ConfigError for 'on'
+    where it cannot work (see the module docstring)."""
     setting = config.jit_compile
     if setting == "off":
         return False
     if on_tpu:
         log.info("experiment.jit_compile=%r: ignored on TPUs, which compile everything with XLA.", setting)
         return False
-    replicas = strategy.num_replicas_in_sync
-    mirrored = replicas > 1 or isinstance(strategy, (tf.distribute.MirroredStrategy,
-                                                     tf.distribute.MultiWorkerMirroredStrategy))
     obstacle = _obstacle(config, model, replicas, mirrored)
     if setting == "on":
         if obstacle:

@@ -1,7 +1,9 @@
 """`train.py --preflight`: checks a config on this CPU machine before anyone pays for a TPU; exit 0 or 5.
 
-For the config's declared replica count (`experiment.target_replicas`; TPU configs declare it) on virtual CPU
-devices it builds the real input pipelines and model, then checks:
+For the config's declared replica count (`experiment.target_replicas`; TPU configs declare it) it builds the real
+input pipelines and model at one replica's share of the batch (what each TPU core runs: nothing in the checks
+needs the other replicas, and a pod's 32 mirrored copies of the model would only cost memory and minutes), then
+checks:
 - the global batches divide by the replica count (every replica runs one static shape);
 - every per-replica input shape is fully static (TPUs compile one program per shape; CPUs and GPUs would silently
   recompile instead);
@@ -24,7 +26,7 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from common.extras import check_gcs_paths
-from tpu_utils.strategy import configure_virtual_cpus, make_strategy
+from training import jit_compile
 from training.batching import batching_for
 from training.config import ExperimentConfig
 from training.trainer import Trainer, nothing_bound
@@ -48,21 +50,30 @@ def run_preflight(config: ExperimentConfig, model_dir: str, *,
                   bound_arguments: Callable[[str], Collection[str]] = nothing_bound) -> list[Check]:
     """Runs every check (see the module docstring); returns them, failed ones with their problem."""
     replicas = preflight_replicas(config)
-    configure_virtual_cpus(replicas)
     checks = [_check_divisibility(config, replicas), _check_storage(config, model_dir),
               _check_buckets(config, model_dir)]
     if checks[0].problem or checks[2].problem:
         return checks  # Nothing can be built for this replica count, or the data's bucket is not usable.
+    batching = batching_for(config, replicas)
+    # One replica's share on this process's device: its per-replica input shapes and train step are the ones each
+    # replica of the config runs.
+    one_replica = dataclasses.replace(config, global_batch_size=batching.per_replica,
+                                      eval_batch_size=batching.eval_per_replica, virtual_devices=0)
     try:
-        trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas), bound_arguments=bound_arguments)
-        context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=replicas)
-        train_spec = trainer.train_input_fn()(context).element_spec
-        eval_spec = trainer.eval_input_fn(context).element_spec
+        trainer = Trainer(one_replica, tf.distribute.get_strategy(), bound_arguments=bound_arguments)
+        # experiment.jit_compile='on' as the config's own replicas and strategy would resolve it (a ConfigError
+        # where it cannot compile there).
+        jit_compile.resolve(config, trainer.model, replicas=replicas, on_tpu=trainer.on_tpu,
+                            mirrored=replicas > 1 or config.strategy in ("mirrored", "multi_worker_mirrored"),
+                            per_replica_batch=batching.per_replica)
+        one_pipeline = tf.distribute.InputContext()
+        train_spec = trainer.train_input_fn()(one_pipeline).element_spec
+        eval_spec = trainer.eval_input_fn(one_pipeline).element_spec
     except ConfigError as error:
         return checks + [Check("input pipelines and model build", str(error))]
     checks.append(Check("input pipelines and model build", note=f"{trainer.model.count_params():,} parameters"))
     checks.append(_check_static_shapes({"train": train_spec, "eval": eval_spec}))
-    checks.append(_check_xla_compiles(config, replicas, train_spec))
+    checks.append(_check_xla_compiles(trainer, train_spec))
     if getattr(trainer.task, "augment", None) is not None:
         checks.append(_check_augmentation_compiles(trainer.task))
     return checks
@@ -125,12 +136,8 @@ def _check_static_shapes(specs: dict) -> Check:
     return Check("static per-replica input shapes", note=f"train {shapes}")
 
 
-def _check_xla_compiles(config: ExperimentConfig, replicas: int, train_spec) -> Check:
+def _check_xla_compiles(trainer: Trainer, train_spec) -> Check:
     """Compiles (does not run) one replica's train step with XLA, at the per-replica batch."""
-    one_replica = dataclasses.replace(config, global_batch_size=config.global_batch_size // replicas,
-                                      eval_batch_size=batching_for(config, replicas).eval_per_replica,
-                                      virtual_devices=0)
-    trainer = Trainer(one_replica, tf.distribute.get_strategy())
     compiled = tf.function(trainer.train_step, jit_compile=True)
     started = time.perf_counter()
     try:

@@ -127,7 +127,8 @@ class Trainer:
         make_step = step.make_train_step if config.accumulate_steps == 1 else functools.partial(
             accumulation.make_accumulating_train_step, accumulate_steps=config.accumulate_steps)
         # experiment.jit_compile: the forward and backward pass under XLA (never with accumulation: resolve says so).
-        self.jit_compile = jit_compile.resolve(config, self.model, strategy, on_tpu=self.on_tpu,
+        self.jit_compile = jit_compile.resolve(config, self.model, replicas=strategy.num_replicas_in_sync,
+                                               mirrored=jit_compile.is_mirrored(strategy), on_tpu=self.on_tpu,
                                                per_replica_batch=self.batching.per_replica)
         self.train_step = make_step(self.model, self.optimizer, self.loss_fn,
                                     global_batch_size=config.global_batch_size,
