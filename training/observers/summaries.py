@@ -17,6 +17,7 @@ could still not be written at the end are named in a warning (their values are i
 
 import logging
 
+import numpy as np
 import tensorflow as tf
 
 from common.storage_errors import describe
@@ -78,7 +79,9 @@ class Summaries:
     def scalars(self, name: str, step: int, values: dict) -> None:
         def write():
             for tag, value in values.items():
-                tf.summary.scalar(tag, value)
+                # As a float64: TensorBoard stores float32, and a finite float64 loss past float32's range
+                # (a diverging float64 run) is then written as inf instead of failing the conversion of a number.
+                tf.summary.scalar(tag, np.float64(value))
         self._write(name, step, "events", write)
 
     def config_text(self, step: int, operative_config: str) -> None:
