@@ -14,10 +14,13 @@ counter, so resume stays exact. On several hosts the union of a step's batches i
 replica's share differs from the tf.data pipeline's, which changes nothing in the summed gradients).
 
 `experiment.train_data_on_device`: 'auto' (the default) uses it when it can help and is known to work: the split is
-read into memory anyway, every feature the task keeps is numeric (strings cannot live on an accelerator), it takes at
-most DEVICE_LIMIT_BYTES per replica, one process runs the job (several workers would each receive every other
-worker's copy at start), and the strategy is not a TPU: the epoch permutation (tf.random.experimental.index_shuffle)
-has no XLA kernel, and TPUs run only XLA. 'always' makes any reason it cannot be used an error; 'never' keeps
+read into memory anyway, every feature the task keeps is numeric (strings cannot live on an accelerator), it fits on
+the device, and one process runs the job (several workers would each receive every other worker's copy at start; a
+TPU pod slice has one client, so it counts as one). Fits: on CPUs and GPUs at most DEVICE_LIMIT_BYTES per replica;
+on a TPU the split plus twice the model's state (weights and optimizer slots, then gradients and the step's copies)
+within half of TPU_REPLICA_HBM_BYTES, the smallest memory a TPU replica has, the other half left to activations and
+XLA's buffers. TPUs run only XLA: the epoch permutation (common/keyed_random.py) is integer ops that XLA compiles, and
+the CPU preflight compiles the draw with XLA. 'always' makes any reason it cannot be used an error; 'never' keeps
 the tf.data pipeline.
 """
 
@@ -30,19 +33,42 @@ from data import builders, pipeline
 from data.spec import DatasetSpec
 
 DEVICE_LIMIT_BYTES = 512 << 20  # Per replica (its device holds one copy): CIFAR-10 decoded takes 150 MB.
+# HBM per TPU replica: 8 GiB on a v2 core (the least of any Cloud TPU), 16 GiB on a v3 core and a v5e chip, 32 GiB
+# on a v4 or v6e chip, 95 GiB on a v5p chip.
+TPU_REPLICA_HBM_BYTES = 8 << 30
 
 
-def unusable_because(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on_tpu: bool) -> str | None:
+def split_bytes(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> int:
+    """What one device's copy of the decoded train split takes (0 without split metadata: TFDS's mock data)."""
+    return pipeline.in_memory_bytes(spec, builder) if spec.train_split in builder.info.splits else 0
+
+
+def state_bytes(variables) -> int:
+    """What `variables` (the model's and the optimizer's) take on one replica."""
+    return sum(variable.shape.num_elements() * tf.as_dtype(variable.dtype).size for variable in variables)
+
+
+def _over_budget(size: int, state: int, *, on_tpu: bool) -> str | None:
+    mib = lambda count: f"{count / 2**20:,.0f} MiB"  # noqa: E731
+    if not on_tpu:
+        return (f"the decoded train split takes {mib(size)}, over {mib(DEVICE_LIMIT_BYTES)} per replica"
+                if size > DEVICE_LIMIT_BYTES else None)
+    if size + 2 * state > TPU_REPLICA_HBM_BYTES // 2:
+        return (f"the decoded train split ({mib(size)}) and twice the model's state ({mib(state)}) take "
+                f"{mib(size + 2 * state)}, over half of the {mib(TPU_REPLICA_HBM_BYTES)} the smallest TPU replica has")
+    return None
+
+
+def unusable_because(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on_tpu: bool,
+                     state: int = 0) -> str | None:
     """Why the train split cannot be kept on the devices (None: it can). Reads metadata only. `on_tpu`: the run is
-    (or, for --preflight on CPU, will be) on a TPU."""
+    (or, for --preflight on CPU, will be) on a TPU; `state`: the bytes of the model's and optimizer's variables
+    (state_bytes), which share a TPU replica's memory with the split."""
     if pipeline.reads_by_shard(spec, builder):
         return "the train split is read by shard file (too large for memory)"
-    size = pipeline.in_memory_bytes(spec, builder) if spec.train_split in builder.info.splits else 0
-    if size > DEVICE_LIMIT_BYTES:
-        return f"the decoded train split takes {size / 2**20:,.0f} MiB, over {DEVICE_LIMIT_BYTES >> 20} MiB per replica"
-    if on_tpu:
-        return ("the strategy is a TPU: the epoch permutation (tf.random.experimental.index_shuffle) has no XLA "
-                "kernel, so the TPU cannot draw batches itself")
+    over = _over_budget(split_bytes(spec, builder), state, on_tpu=on_tpu)
+    if over:
+        return over
     element = builders.encoded_split(spec, builder, spec.train_split).element_spec
     strings = sorted(key for key, feature in element.items() if feature.dtype == tf.string)
     if strings:
@@ -51,12 +77,12 @@ def unusable_because(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on
 
 
 def wanted(setting: str, spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on_tpu: bool,
-           multi_worker: bool) -> bool:
+           multi_worker: bool, state: int = 0) -> bool:
     """Whether to keep the train split on the devices for `setting` ('auto', 'always', 'never'); 'always' with a
     reason it cannot is a ConfigError naming the reason."""
     if setting == "never":
         return False
-    reason = unusable_because(spec, builder, on_tpu=on_tpu)
+    reason = unusable_because(spec, builder, on_tpu=on_tpu, state=state)
     if setting == "always" and reason:
         raise ConfigError(f"experiment.train_data_on_device='always' cannot be honoured for {spec.tfds_name!r}: "
                           f"{reason}. Set experiment.train_data_on_device='auto' (or 'never') to read batches with "
@@ -82,6 +108,7 @@ class DeviceSplit:
         with strategy.scope():  # One copy per replica's device; not tracked by any checkpoint.
             self._examples = {key: tf.Variable(value, trainable=False, name=f"train_split_{key}")
                               for key, value in examples.items()}
+        self.bytes_per_replica = state_bytes(self._examples.values())  # What each replica's device keeps.
 
     def replica_batch(self, step: tf.Tensor) -> tuple:
         """(features, targets, positions) of this replica's share of global step `step` (int64); call it in replica

@@ -2,7 +2,9 @@
 
 Training data order is a pure function of (SEED, global step), the same for any replica or host count:
 - the train split is one endless stream of positions 0, 1, 2, ...; position p is example
-  index_shuffle(p mod N, seed=(SEED, epoch = p div N)) of the split: a full, stateless permutation per epoch;
+  epoch_permutation(p mod N, seed=SEED, epoch=p div N) of the split (common/keyed_random.py): a full, stateless
+  permutation per epoch, integer ops only, so a TPU's compiled loop draws the same examples as the host
+  (data/device_split.py);
 - global step s trains on stream positions [s * G, (s + 1) * G) for global batch G, so a resumed run starts
   exactly where the interrupted one stopped (the pipeline is positioned from the step counter; TF cannot
   checkpoint distributed iterators);
@@ -28,6 +30,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
+from common.keyed_random import epoch_permutation
 from common.settings import how_to_set, require_int
 from data import builders, shard_stream
 from data.spec import DatasetSpec
@@ -116,12 +119,9 @@ def examples_at(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, examples: 
     seed_tensor = tf.constant(seed, tf.int64)
     epochs, indices = positions // num_examples, positions % num_examples
     first_epoch = epochs[0]
-    shuffled = tf.where(
-        tf.equal(epochs, first_epoch),
-        tf.random.experimental.index_shuffle(indices, seed=tf.stack([seed_tensor, first_epoch]),
-                                             max_index=num_examples - 1),
-        tf.random.experimental.index_shuffle(indices, seed=tf.stack([seed_tensor, first_epoch + 1]),
-                                             max_index=num_examples - 1))
+    shuffled = tf.where(tf.equal(epochs, first_epoch),
+                        epoch_permutation(indices, seed=seed, epoch=first_epoch, size=num_examples),
+                        epoch_permutation(indices, seed=seed, epoch=first_epoch + 1, size=num_examples))
     batch = {key: tf.gather(values, shuffled) for key, values in examples.items()}
     seeds = tf.stack([tf.fill(tf.shape(positions), seed_tensor), positions], axis=1)
     features, targets = spec.task.prepare_batch(batch, builder.info.features, seeds=seeds)

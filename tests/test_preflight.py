@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from data import pipeline
+from data import device_split, pipeline
 from models import registry as model_registry
 from tests.helpers import REPO_ROOT, run_module, run_train_py, shipped_config
 from training import preflight
@@ -73,6 +73,22 @@ def test_every_shipped_tpu_config_passes_the_preflight(path, request):
     assert f"preflight for {_target_replicas(path)} replica(s)," in result.stdout, result.stdout
     for check in ("train step compiles with XLA", "static per-replica input shapes", "gs:// buckets exist"):
         assert f"ok   {check}" in result.stdout, result.stdout
+    # 'auto' keeps MNIST and CIFAR-10 in the TPU's memory; ImageNet is read by shard file on the host.
+    split = ("ok   train split (read by tf.data on the host: the train split is read by shard file" if uses_imagenet
+             else "ok   train split on the device, its draw compiles with XLA (")
+    assert split in result.stdout, result.stdout
+
+
+def test_the_one_chip_cifar10_config_keeps_its_split_on_the_tpu_when_always(gcs_bucket):
+    """experiment.train_data_on_device='always' passes, and the line says what each replica keeps: TFDS's mock
+    CIFAR-10 of 4,096 examples, 32 x 32 x 3 bytes each and an int64 label, 12.0 MiB."""
+    with tfds.testing.mock_data(num_examples=4096):
+        result = run_train_py("--gin_file=configs/tpu/cifar10_resnet_1_chip.gin", "--preflight",
+                              "--gin_param=experiment.train_data_on_device='always'",
+                              f"--gin_param=DATA_DIR='gs://{gcs_bucket}/tensorflow_datasets'",
+                              f"--model_dir=gs://{gcs_bucket}/run")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "ok   train split on the device, its draw compiles with XLA (12.0 MiB per replica)" in result.stdout
 
 
 def _config(small_config, **overrides):
@@ -85,7 +101,7 @@ def _problems(checks) -> dict:
 
 def test_a_valid_config_passes(small_config, tmp_path):
     checks = preflight.run_preflight(_config(small_config), str(tmp_path))
-    assert _problems(checks) == {} and len(checks) == 6
+    assert _problems(checks) == {} and len(checks) == 7
     assert "4 replica(s)" in preflight.report(checks, _config(small_config))
 
 
@@ -127,6 +143,36 @@ def test_a_string_op_in_the_model_fails(small_config, tmp_path, monkeypatch):
     problems = _problems(preflight.run_preflight(_config(small_config, model="with_strings"), str(tmp_path)))
     assert list(problems) == ["train step compiles with XLA"]
     assert "AsString" in problems["train step compiles with XLA"]
+
+
+def test_a_global_batch_larger_than_the_split_fails(small_config, tmp_path):
+    """Checked at the global batch, though the preflight builds one replica's share."""
+    problems = _problems(preflight.run_preflight(_config(small_config, global_batch_size=2048), str(tmp_path)))
+    assert "GLOBAL_BATCH_SIZE=2048 is larger than the 1437 examples" in problems["input pipelines and model build"]
+
+
+def test_a_tpu_config_keeps_the_split_on_the_device_unless_it_does_not_fit(small_config, tmp_path, monkeypatch):
+    checks = preflight.run_preflight(_config(small_config, strategy="tpu"), str(tmp_path))
+    assert _problems(checks) == {}
+    assert "ok   train split on the device, its draw compiles with XLA (" in preflight.report(checks, _config(
+        small_config))
+    monkeypatch.setattr(device_split, "TPU_REPLICA_HBM_BYTES", 1 << 20)  # A model and split over half of 1 MiB.
+    report = preflight.report(preflight.run_preflight(_config(small_config, strategy="tpu"), str(tmp_path)),
+                              _config(small_config))
+    assert "ok   train split (read by tf.data on the host: the decoded train split (" in report, report
+
+
+def test_negative_control_a_draw_without_an_xla_kernel_fails(small_config, tmp_path, monkeypatch):
+    """The permutation this template used before common/keyed_random.epoch_permutation: index_shuffle, which XLA
+    cannot compile."""
+    def index_shuffle(indices, *, seed, epoch, size):
+        return tf.random.experimental.index_shuffle(indices, seed=tf.stack([tf.constant(seed, tf.int64), epoch]),
+                                                    max_index=size - 1)
+
+    monkeypatch.setattr(pipeline, "epoch_permutation", index_shuffle)
+    problems = _problems(preflight.run_preflight(_config(small_config, strategy="tpu"), str(tmp_path)))
+    assert list(problems) == ["train split on the device, its draw compiles with XLA"], problems
+    assert "RandomIndexShuffle" in problems["train split on the device, its draw compiles with XLA"]
 
 
 def test_cli_exit_codes(tmp_path, data_dir):

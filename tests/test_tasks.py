@@ -126,10 +126,11 @@ def test_each_tasks_batch_preparation_equals_its_per_example_preparation(dataset
     import dataclasses
 
     from data import builders, registry
+    from tasks.augmentation.flip_and_crop import flip_and_crop
 
     spec = registry.DATASETS[dataset]
     if augment:
-        spec = dataclasses.replace(spec, task=dataclasses.replace(spec.task, augment=_flip_and_crop_8))
+        spec = dataclasses.replace(spec, task=dataclasses.replace(spec.task, augment=flip_and_crop))
     builder = builders.load_builder(spec, data_dir)
     spec = registry.bind_task(spec, builder, dataset=dataset)
     features = builder.info.features
@@ -144,9 +145,3 @@ def test_each_tasks_batch_preparation_equals_its_per_example_preparation(dataset
     if augment:  # Control: the augmentation depends on the seed, so a mix-up of seeds would show.
         shuffled, _ = spec.task.prepare_batch(examples, features, seeds=tf.reverse(seeds, [0]))
         assert not np.array_equal(shuffled.numpy(), inputs.numpy())
-
-
-def _flip_and_crop_8(image, seed):
-    padded = tf.pad(image, [[1, 1], [1, 1], [0, 0]], mode="REFLECT")
-    image = tf.image.stateless_random_crop(padded, [8, 8, image.shape[-1]], seed=seed)
-    return tf.image.stateless_random_flip_left_right(image, seed=seed)

@@ -13,7 +13,10 @@ checks:
 - the train step of one replica compiles with XLA (compile only, nothing runs): strings, py_function and other ops
   a TPU cannot run fail here instead of on the TPU; so does the task's per-example augmentation, if any
   (experiment.augmentation: it runs in the host's input pipeline on a TPU, but on the device where the split is kept
-  there, data/device_split.py).
+  there, data/device_split.py);
+- where the train split is kept on the device (data/device_split.py; 'auto' keeps it on a TPU when it fits beside
+  the model), the draw of a batch compiles with XLA; the line says how many bytes each replica keeps, or why the
+  host's tf.data pipeline reads the batches instead.
 It prints one line per check and every problem found, not just the first.
 """
 
@@ -26,6 +29,7 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from common.extras import check_gcs_paths
+from data import builders, device_split, pipeline
 from training import jit_compile
 from training.batching import batching_for
 from training.config import ExperimentConfig
@@ -61,6 +65,9 @@ def run_preflight(config: ExperimentConfig, model_dir: str, *,
                                       eval_batch_size=batching.eval_per_replica, virtual_devices=0)
     try:
         trainer = Trainer(one_replica, tf.distribute.get_strategy(), bound_arguments=bound_arguments)
+        if not pipeline.reads_by_shard(trainer.dataset_spec, trainer.builder):  # The global batch, not the share.
+            pipeline.check_batch_fits(trainer.dataset_spec, builders.split_size(
+                trainer.builder, trainer.dataset_spec.train_split), config.global_batch_size)
         # experiment.jit_compile='on' as the config's own replicas and strategy would resolve it (a ConfigError
         # where it cannot compile there).
         jit_compile.resolve(config, trainer.model, replicas=replicas, on_tpu=trainer.on_tpu,
@@ -74,6 +81,7 @@ def run_preflight(config: ExperimentConfig, model_dir: str, *,
     checks.append(Check("input pipelines and model build", note=f"{trainer.model.count_params():,} parameters"))
     checks.append(_check_static_shapes({"train": train_spec, "eval": eval_spec}))
     checks.append(_check_xla_compiles(trainer, train_spec))
+    checks.append(_check_train_split(trainer))
     if getattr(trainer.task, "augment", None) is not None:
         checks.append(_check_augmentation_compiles(trainer.task))
     return checks
@@ -148,6 +156,24 @@ def _check_xla_compiles(trainer: Trainer, train_spec) -> Check:
         return Check("train step compiles with XLA", f"{message[:600]} -- TPUs run only XLA-compilable ops: "
                      "remove string ops, tf.py_function and data-dependent shapes from the model and loss.")
     return Check("train step compiles with XLA", note=f"one replica, {time.perf_counter() - started:.1f} s")
+
+
+def _check_train_split(trainer: Trainer) -> Check:
+    """Where the batches come from; on the device, the draw of one replica's batch compiles with XLA (compile only)."""
+    spec, builder = trainer.dataset_spec, trainer.builder
+    if not trainer.train_data_on_device:
+        state = device_split.state_bytes([*trainer.model.variables, *trainer.optimizer.variables])
+        reason = (device_split.unusable_because(spec, builder, on_tpu=trainer.on_tpu, state=state) or
+                  f"experiment.train_data_on_device={trainer.config.train_data_on_device!r}")
+        return Check("train split", note=f"read by tf.data on the host: {reason}")
+    name = "train split on the device, its draw compiles with XLA"
+    split = trainer.train_iterator()
+    try:
+        tf.function(split.replica_batch, jit_compile=True).experimental_get_compiler_ir(
+            tf.constant(0, tf.int64))(stage="hlo")
+    except Exception as error:  # noqa: BLE001 - as in _check_xla_compiles.
+        return Check(name, " ".join(str(error).split())[:600])
+    return Check(name, note=f"{split.bytes_per_replica / 2**20:,.1f} MiB per replica")
 
 
 def _check_augmentation_compiles(task) -> Check:

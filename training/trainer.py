@@ -67,7 +67,8 @@ class Trainer:
             self._build_state(model_builder, model_options, bound_arguments)
         self.train_data_on_device = training and device_split.wanted(
             config.train_data_on_device, self.dataset_spec, self.builder, on_tpu=self.on_tpu,
-            multi_worker=is_multi_worker(strategy))
+            multi_worker=is_multi_worker(strategy),
+            state=device_split.state_bytes([*self.model.variables, *self.optimizer.variables]))
         self._device_split = None
         self._build_loops()
         # EMA off: no `ema` entry, so the default run's checkpoint is what it always was.
