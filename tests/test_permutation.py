@@ -24,8 +24,14 @@ def _permutation(size: int, *, seed: int = 7, epoch: int = 3, rounds: int | None
 
 
 def test_a_bijection_for_every_size_up_to_300_and_large_odd_and_even_ones():
+    """Sizes up to 300 run op by op, without XLA (one compile per size would take minutes; the test below shows both
+    give the same integers); the large ones as shipped, compiled."""
     for size in [*range(1, 301), *LARGE_SIZES]:
-        images = _permutation(size)
+        if size <= 300:
+            body = keyed_random._compiled_permutation(size, keyed_random.rounds_for(size)).python_function
+            images = body(tf.range(size, dtype=tf.int64), tf.constant(7, tf.int64), tf.constant(3, tf.int64)).numpy()
+        else:
+            images = _permutation(size)
         assert images.dtype == np.int64
         np.testing.assert_array_equal(np.sort(images), np.arange(size), err_msg=f"size {size}")
 
@@ -41,15 +47,17 @@ def test_seeds_and_epochs_give_other_permutations_and_broadcast_against_the_indi
     np.testing.assert_array_equal(both, [base, _permutation(1437, epoch=4)])
 
 
-def test_xla_gives_the_same_integers_as_the_host():
-    """What lets a TPU draw the host pipeline's batches: compiled with XLA on this CPU, bit for bit."""
-    compiled = tf.function(lambda indices, epoch: keyed_random.epoch_permutation(indices, seed=7, epoch=epoch,
-                                                                                 size=50_000), jit_compile=True)
-    for epoch in (0, 1, 2 ** 40):
-        np.testing.assert_array_equal(compiled(tf.range(50_000, dtype=tf.int64), tf.constant(epoch, tf.int64)),
-                                      _permutation(50_000, epoch=epoch))
-    assert "while" in compiled.experimental_get_compiler_ir(tf.range(8, dtype=tf.int64),
+def test_the_same_integers_compiled_by_xla_or_not():
+    """What lets a TPU draw the host pipeline's batches: epoch_permutation runs compiled by XLA everywhere; its body
+    run op by op, without XLA (as a backend that fuses nothing would), gives the same integers."""
+    compiled = keyed_random._compiled_permutation(50_000, keyed_random.rounds_for(50_000))
+    assert "while" in compiled.experimental_get_compiler_ir(tf.range(8, dtype=tf.int64), tf.constant(7, tf.int64),
                                                             tf.constant(0, tf.int64))(stage="hlo")
+    op_by_op = tf.function(compiled.python_function)  # The same graph, run by TensorFlow's executor.
+    for epoch in (0, 1, 2 ** 40):
+        arguments = (tf.range(50_000, dtype=tf.int64), tf.constant(7, tf.int64), tf.constant(epoch, tf.int64))
+        np.testing.assert_array_equal(op_by_op(*arguments), _permutation(50_000, epoch=epoch))
+        np.testing.assert_array_equal(compiled(*arguments), _permutation(50_000, epoch=epoch))
 
 
 def test_the_order_is_pinned():
