@@ -117,11 +117,9 @@ def examples_at(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, examples: 
     most two epochs (batch <= split). Augmentation is seeded by (SEED, position). The tf.data pipeline and the
     on-device split (data/device_split.py) both call this, so both give the same batches."""
     seed_tensor = tf.constant(seed, tf.int64)
-    epochs, indices = positions // num_examples, positions % num_examples
-    first_epoch = epochs[0]
-    shuffled = tf.where(tf.equal(epochs, first_epoch),
-                        epoch_permutation(indices, seed=seed, epoch=first_epoch, size=num_examples),
-                        epoch_permutation(indices, seed=seed, epoch=first_epoch + 1, size=num_examples))
+    # One call, each position with its own epoch's keys (a batch spans at most two epochs).
+    shuffled = epoch_permutation(positions % num_examples, seed=seed, epoch=positions // num_examples,
+                                 size=num_examples)
     batch = {key: tf.gather(values, shuffled) for key, values in examples.items()}
     seeds = tf.stack([tf.fill(tf.shape(positions), seed_tensor), positions], axis=1)
     features, targets = spec.task.prepare_batch(batch, builder.info.features, seeds=seeds)
