@@ -73,6 +73,7 @@ def _main(argv: list[str]) -> int:
     from common.errors import (
         EXIT_PREFLIGHT_FAILED,
         ConfigError,
+        InputServiceError,
         NonFiniteLossError,
         StorageError,
         TrainingInterrupted,
@@ -94,7 +95,8 @@ def _main(argv: list[str]) -> int:
         if args.preflight:
             return 0 if experiment.preflight(model_dir=model_dir) else EXIT_PREFLIGHT_FAILED
         result = experiment.run(model_dir=model_dir, mode=args.mode, command=shlex.join(argv))
-    except (ConfigError, NonFiniteLossError, StorageError, TrainingInterrupted) as error:
+    except (ConfigError, InputServiceError, NonFiniteLossError, StorageError,
+            TrainingInterrupted) as error:
         print(f"error: {user_message(error)}", file=sys.stderr, flush=True)
         return error.exit_code
     except KeyboardInterrupt:

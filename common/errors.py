@@ -9,6 +9,7 @@ for any uncaught exception, so 1 alone cannot tell the two apart without parsing
 """
 
 EXIT_OK = 0
+EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = 2
 EXIT_INTERRUPTED = 3
 EXIT_NON_FINITE_LOSS = 4
@@ -57,3 +58,10 @@ class StorageError(RuntimeError):
     the run knew, and the checkpoints saved before are intact (exit code 6). A rerun resumes once it is fixed."""
 
     exit_code = EXIT_STORAGE_FAILED
+
+
+class InputServiceError(RuntimeError):
+    """A tf.data service of DATA_SERVICE did not answer, or sent a batch out of sequence (exit code 1, one line
+    naming the service): the checkpoints saved before are intact; a rerun resumes once it answers."""
+
+    exit_code = EXIT_FAILED

@@ -10,7 +10,8 @@ from common.registry import meant_name
 # The fields configs/base.gin binds to a macro of the same name in upper case (docs/configuration.md, "Macros"): an
 # error names them as the macro (MODEL=...). Every other field is set as experiment.<field> (tests/test_configs.py
 # checks this set against base.gin).
-MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "global_batch_size",
+MACRO_FIELDS = frozenset({"strategy", "virtual_devices", "tpu", "model", "dataset", "data_dir", "data_service",
+                          "global_batch_size",
                           "train_steps", "steps_per_loop", "accumulate_steps", "ema_decay", "checkpoint_every",
                           "eval_every", "learning_rate", "precision", "seed", "best_metric", "best_mode",
                           "early_stop_patience", "profile_steps", "profiler_port", "init_from"})

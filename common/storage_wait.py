@@ -17,9 +17,10 @@ PROGRESS_SECONDS = 10.0
 
 
 @contextlib.contextmanager
-def reporting(what: str, every: float = PROGRESS_SECONDS):
+def reporting(what: str, every: float = PROGRESS_SECONDS, *, cause: str = "the storage is slow or unreachable"):
     """Runs the body; logs a progress line every `every` seconds until it returns. Yields `waited()`, the seconds
-    since the body began, so that a message about the wait states the real time, not a bound."""
+    since the body began, so that a message about the wait states the real time, not a bound. `cause`: what the
+    line says the wait means."""
     done = threading.Event()
     started = time.monotonic()
 
@@ -28,7 +29,7 @@ def reporting(what: str, every: float = PROGRESS_SECONDS):
 
     def report():
         while not done.wait(every):
-            log.warning("Still waiting for %s (%.0f s so far): the storage is slow or unreachable.", what, waited())
+            log.warning("Still waiting for %s (%.0f s so far): %s.", what, waited(), cause)
 
     thread = threading.Thread(target=report, name="storage-progress", daemon=True)
     thread.start()

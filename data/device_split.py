@@ -76,18 +76,28 @@ def unusable_because(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on
     return None
 
 
-def wanted(setting: str, spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on_tpu: bool,
-           multi_worker: bool, state: int = 0) -> bool:
-    """Whether to keep the train split on the devices for `setting` ('auto', 'always', 'never'); 'always' with a
-    reason it cannot is a ConfigError naming the reason."""
+def host_reason(setting: str, spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, on_tpu: bool,
+                multi_worker: bool, state: int = 0, data_service: bool = False) -> str | None:
+    """Why the training batches are read by tf.data on the host for `setting` ('auto', 'always', 'never'); None when
+    the split is kept on the devices. 'always' with a reason it cannot is a ConfigError naming the reason.
+    `data_service`: DATA_SERVICE is set (the services make the batches)."""
     if setting == "never":
-        return False
-    reason = unusable_because(spec, builder, on_tpu=on_tpu, state=state)
+        return "experiment.train_data_on_device='never'"
+    reason = ("DATA_SERVICE is set: tf.data services make the batches" if data_service else
+              unusable_because(spec, builder, on_tpu=on_tpu, state=state))
     if setting == "always" and reason:
         raise ConfigError(f"experiment.train_data_on_device='always' cannot be honoured for {spec.tfds_name!r}: "
                           f"{reason}. Set experiment.train_data_on_device='auto' (or 'never') to read batches with "
                           "tf.data on the host.")
-    return reason is None and (setting == "always" or not multi_worker)
+    if reason is None and setting == "auto" and multi_worker:
+        reason = ("several workers run the job (each would receive every other worker's copy at start; "
+                  "experiment.train_data_on_device='always' keeps it on the devices anyway)")
+    return reason
+
+
+def wanted(setting: str, spec: DatasetSpec, builder: tfds.core.DatasetBuilder, **options) -> bool:
+    """Whether to keep the train split on the devices (host_reason gives none not to)."""
+    return host_reason(setting, spec, builder, **options) is None
 
 
 class DeviceSplit:

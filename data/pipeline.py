@@ -65,33 +65,58 @@ def in_memory_bytes(spec: DatasetSpec, builder: tfds.core.DatasetBuilder) -> int
 
 
 def make_train_input_fn(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, *, global_batch_size: int, seed: int,
-                        start_step: int):
+                        start_step: int, services=None):
     """Returns input_fn(InputContext) -> dataset of (features, target, position) per-replica batches, starting at
     `start_step`. position (int64) is the example's place in the training stream, unique over the run and the same
-    at any replica count: the training step keys each example's dropout mask by it."""
+    at any replica count: the training step keys each example's dropout mask by it. `services`
+    (data/service.InputServices): the batches are made by those tf.data services, the same ones in the same order."""
     if reads_by_shard(spec, builder):
         shard_stream.check_readable(builder, spec.train_split, dataset=spec.stage_name())
-        return functools.partial(shard_stream.make_train_dataset, spec, builder, global_batch_size=global_batch_size,
+        make = functools.partial(shard_stream.make_train_dataset, spec, builder, global_batch_size=global_batch_size,
                                  seed=seed, start_step=start_step)
-    num_examples = builders.split_size(builder, spec.train_split)
-    check_batch_fits(spec, num_examples, global_batch_size)
+    else:
+        num_examples = builders.split_size(builder, spec.train_split)
+        check_batch_fits(spec, num_examples, global_batch_size)
+        make = functools.partial(_in_memory_train_dataset, spec, builder, num_examples=num_examples,
+                                 global_batch_size=global_batch_size, seed=seed, start_step=start_step,
+                                 read_in_pipeline=services is not None)
+    if services is None:
+        return make
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        examples = decoded_train_split(spec, builder)
-
-        def batch_at(positions):
-            return examples_at(spec, builder, examples, positions, num_examples=num_examples, seed=seed)
-
-        per_replica = context.get_per_replica_batch_size(global_batch_size)
-        # Positions first, batched, then everything per batch (vectorised); Dataset.range, not counter: the
-        # counter is a single-threaded scan (~56k elements/s).
-        return (tf.data.Dataset.range(start_step * global_batch_size, 2 ** 62)
-                .shard(context.num_input_pipelines, context.input_pipeline_id)
-                .batch(per_replica, drop_remainder=True)
-                .map(batch_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-                .prefetch(tf.data.AUTOTUNE))
+        first = start_step * global_batch_size + context.input_pipeline_id
+        stride = context.num_input_pipelines * context.get_per_replica_batch_size(global_batch_size)
+        return services.distribute(lambda count, index: make(context, streams=count, stream=index),
+                                   first_position_of=lambda batch_index: first + batch_index * stride)
 
     return input_fn
+
+
+def _in_memory_train_dataset(spec: DatasetSpec, builder: tfds.core.DatasetBuilder,
+                             context: tf.distribute.InputContext, *, num_examples: int, global_batch_size: int,
+                             seed: int, start_step: int, streams: int = 1, stream: int = 0,
+                             read_in_pipeline: bool = False) -> tf.data.Dataset:
+    """This input pipeline's per-replica batches from `start_step` on; only batches stream, stream + streams, ...
+    (a tf.data service's share). `read_in_pipeline`: the pipeline reads the split from DATA_DIR itself (and keeps
+    it in its memory) instead of capturing this process's copy, as a tf.data service must."""
+    per_replica = context.get_per_replica_batch_size(global_batch_size)
+    pipelines = context.num_input_pipelines
+    first = start_step * global_batch_size + context.input_pipeline_id
+
+    def batch_at(batch_index, examples):
+        # This pipeline keeps every P-th stream position; its batch b is the b-th run of per_replica of those.
+        positions = first + pipelines * (batch_index * per_replica + tf.range(per_replica, dtype=tf.int64))
+        return examples_at(spec, builder, examples, positions, num_examples=num_examples, seed=seed)
+
+    batches = tf.data.Dataset.range(stream, (MAX_EXAMPLES - first) // (pipelines * per_replica), streams)
+    parallel = {"num_parallel_calls": tf.data.AUTOTUNE, "deterministic": True}
+    if read_in_pipeline:
+        split = builders.encoded_split(spec, builder, spec.train_split).batch(num_examples).cache().repeat()
+        drawn = tf.data.Dataset.zip(batches, split).map(batch_at, **parallel)
+    else:
+        examples = decoded_train_split(spec, builder)
+        drawn = batches.map(lambda batch_index: batch_at(batch_index, examples), **parallel)
+    return drawn.prefetch(tf.data.AUTOTUNE)
 
 
 def check_batch_fits(spec: DatasetSpec, num_examples: int, global_batch_size: int) -> None:

@@ -115,9 +115,11 @@ def shard_plan(builder: tfds.core.DatasetBuilder, split: str, *, seed: int,
 
 
 def make_train_dataset(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, context: tf.distribute.InputContext, *,
-                       global_batch_size: int, seed: int, start_step: int) -> tf.data.Dataset:
+                       global_batch_size: int, seed: int, start_step: int, streams: int = 1,
+                       stream: int = 0) -> tf.data.Dataset:
     """This input pipeline's per-replica batches of (features, target, example key) from `start_step` on (see the module
-    docstring); the key (position * P + pipeline id) is unique over the run and keys the dropout masks."""
+    docstring); the key (position * P + pipeline id) is unique over the run and keys the dropout masks. Only batches
+    stream, stream + streams, ... (a tf.data service's share: it reads every block, decodes its own batches)."""
     plan = shard_plan(builder, spec.train_split, seed=seed, context=context)
     per_pipeline = global_batch_size // context.num_input_pipelines
     start_position = start_step * per_pipeline
@@ -150,11 +152,14 @@ def make_train_dataset(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, con
         return model_input, target, key
 
     per_replica = context.get_per_replica_batch_size(global_batch_size)
-    return (tf.data.Dataset.counter(first_block)
-            .map(read_block, num_parallel_calls=BLOCKS_IN_FLIGHT, deterministic=True)  # Read ahead, in order.
-            .unbatch()
-            .skip(offset)
-            .enumerate(start=start_position)
+    records = (tf.data.Dataset.counter(first_block)
+               .map(read_block, num_parallel_calls=BLOCKS_IN_FLIGHT, deterministic=True)  # Read ahead, in order.
+               .unbatch()
+               .skip(offset)
+               .enumerate(start=start_position))
+    if streams > 1:
+        records = records.batch(per_replica, drop_remainder=True).shard(streams, stream).unbatch()
+    return (records
             .map(example_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             .batch(per_replica, drop_remainder=True)
             .prefetch(tf.data.AUTOTUNE))

@@ -8,7 +8,7 @@ A plain dataclass (usable without gin in tests and tools); `training/experiment.
 
 import dataclasses
 
-from data import builders, device_split, pipeline
+from data import builders, device_split, pipeline, service
 from serving import tflite
 from tasks.augmentation import by_name as augmentation
 from tpu_utils import strategy
@@ -26,7 +26,7 @@ SETTINGS_CHECKS = (controller.check_settings, pipeline.check_settings, accumulat
                    strategy.check_settings, checkpoints.check_settings, storage_guard.check_settings,
                    build_scope.check_settings, builders.check_settings, batching.check_settings,
                    optimizers.check_settings, ema.check_settings, tflite.check_settings, device_split.check_settings,
-                   jit_compile.check_settings)
+                   service.check_settings, jit_compile.check_settings)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +49,8 @@ class ExperimentConfig:
     # Keep the train split on the devices and draw batches in the compiled loop (data/device_split.py): 'auto',
     # 'always', 'never'.
     train_data_on_device: str = "auto"
+    # Batches made by tf.data services (data/service.py): '' = off, 'local', 'local:N', 'grpc://HOST:PORT[,...]'.
+    data_service: str = ""
     # Training augmentations by name (tasks/augmentation/by_name.py); None = the dataset's own, [] = none.
     augmentation: tuple[str, ...] | None = None
     # Model (models/, training/warm_start.py, training/variable_selection.py).

@@ -12,6 +12,7 @@ import gin
 from common.errors import ConfigError, StorageError
 from common.extras import check_gcs_paths
 from common.storage_errors import transient
+from data import service
 from models.registry import get_model_builder
 from tpu_utils.strategy import is_chief, make_strategy
 from training import preflight as preflight_module
@@ -65,11 +66,14 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
     try:
         with held.locked(optional=mode == "eval") as writable:
             stop_signals.stop_if_requested("before training started")
-            trainer = Trainer(config, strategy, training=mode == "train", bound_arguments=bound_model_arguments)
-            record = RunRecord(trainer, directory, role=mode, model_settings=model_settings(config.model))
-            controller = Controller(trainer, record)
-            stop_signals.stop_if_requested("before training started")
-            return _run_mode(mode, controller, writable=writable, command=command, settings=settings)
+            wanted = service.parse(config.data_service) if mode == "train" else service.ServiceSetting()
+            with service.started(wanted, timeout_seconds=config.storage_timeout_seconds) as input_services:
+                trainer = Trainer(config, strategy, training=mode == "train", bound_arguments=bound_model_arguments,
+                                  input_services=input_services)
+                record = RunRecord(trainer, directory, role=mode, model_settings=model_settings(config.model))
+                controller = Controller(trainer, record)
+                stop_signals.stop_if_requested("before training started")
+                return _run_mode(mode, controller, writable=writable, command=command, settings=settings)
     finally:
         directory.cleanup()
 

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from common.errors import ConfigError
 from common.extras import check_gcs_paths
-from data import builders, device_split, pipeline
+from data import builders, pipeline
 from training import jit_compile
 from training.batching import batching_for
 from training.config import ExperimentConfig
@@ -160,12 +160,8 @@ def _check_xla_compiles(trainer: Trainer, train_spec) -> Check:
 
 def _check_train_split(trainer: Trainer) -> Check:
     """Where the batches come from; on the device, the draw of one replica's batch compiles with XLA (compile only)."""
-    spec, builder = trainer.dataset_spec, trainer.builder
     if not trainer.train_data_on_device:
-        state = device_split.state_bytes([*trainer.model.variables, *trainer.optimizer.variables])
-        reason = (device_split.unusable_because(spec, builder, on_tpu=trainer.on_tpu, state=state) or
-                  f"experiment.train_data_on_device={trainer.config.train_data_on_device!r}")
-        return Check("train split", note=f"read by tf.data on the host: {reason}")
+        return Check("train split", note=f"read by tf.data on the host: {trainer.host_input_reason}")
     name = "train split on the device, its draw compiles with XLA"
     split = trainer.train_iterator()
     try:

@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from common.errors import ConfigError
-from data import builders, device_split, pipeline
+from data import builders, device_split, pipeline, service
 from data.registry import bind_task, get_dataset_spec
 from models.registry import MODELS, get_model_builder
 from tasks.augmentation import by_name as augmentation
@@ -53,9 +53,10 @@ class Trainer:
     """
 
     def __init__(self, config, strategy: tf.distribute.Strategy, *, model_options: dict | None = None,
-                 training: bool = True, bound_arguments: BoundArguments = nothing_bound):
+                 training: bool = True, bound_arguments: BoundArguments = nothing_bound, input_services=None):
         self.config = config
         self.strategy = strategy
+        self.input_services = input_services  # DATA_SERVICE's data/service.InputServices, started by the caller.
         # How each step's examples split over the replicas and micro-batches; a ConfigError if they do not.
         self.batching = batching_for(config, strategy.num_replicas_in_sync, training=training)
         # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
@@ -65,10 +66,13 @@ class Trainer:
         # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
         with seeded_build(config.precision, config.seed), strategy.scope():
             self._build_state(model_builder, model_options, bound_arguments)
-        self.train_data_on_device = training and device_split.wanted(
+        # Why tf.data on the host makes the batches (None: the split is on the devices; impossible 'always': exit 2).
+        self.host_input_reason = device_split.host_reason(
             config.train_data_on_device, self.dataset_spec, self.builder, on_tpu=self.on_tpu,
-            multi_worker=is_multi_worker(strategy),
-            state=device_split.state_bytes([*self.model.variables, *self.optimizer.variables]))
+            multi_worker=is_multi_worker(strategy), data_service=bool(service.parse(config.data_service)),
+            state=device_split.state_bytes([*self.model.variables, *self.optimizer.variables])
+        ) if training else "not training"
+        self.train_data_on_device = self.host_input_reason is None
         self._device_split = None
         self._build_loops()
         # EMA off: no `ema` entry, so the default run's checkpoint is what it always was.
@@ -196,7 +200,8 @@ class Trainer:
     def train_input_fn(self):
         """input_fn(InputContext) -> per-replica training batches, positioned at the current step (exact resume)."""
         return pipeline.make_train_input_fn(self.dataset_spec, self.builder, seed=self.config.seed,
-                                            start_step=self.step, global_batch_size=self.config.global_batch_size)
+                                            start_step=self.step, global_batch_size=self.config.global_batch_size,
+                                            services=self.input_services)
 
     def train_iterator(self):
         """The training data positioned at the current step: the split on the devices when
@@ -215,7 +220,13 @@ class Trainer:
         regularization term ('regularization', if the model has one) and the metrics over those steps."""
         for metric in self.train_metrics:
             metric.reset()
-        means = self._train_loop(iterator, tf.constant(num_steps, tf.int32))
+        try:
+            means = self._train_loop(iterator, tf.constant(num_steps, tf.int32))
+        except tf.errors.OpError as error:  # With DATA_SERVICE: a service restarted or failed -> one line, exit 1.
+            explained = self.input_services and service.explained(error)
+            if explained:
+                raise explained from error
+            raise
         return {**{name: float(means[name].numpy()) for name in self._train_outputs},
                 **{metric.name: metric.result() for metric in self.train_metrics}}
 

@@ -1,0 +1,234 @@
+"""DATA_SERVICE (data/service.py): batches made by tf.data services are the batches the run makes itself, in the same
+order, for any number of services; a resumed run starts them at its step; a service that is absent, dies or restarts
+ends the run with exit 1 naming it, and the rerun resumes exactly.
+
+Real parts: TensorFlow's own dispatcher and worker servers, in this process ('local') or in a `python -m
+data.service` process on a 127.0.0.1 port (grpc://), killed with SIGKILL as a preempted machine would be.
+"""
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from common.loopback import free_loopback_ports
+from helpers import REPO_ROOT, checkpoint_values, run_train_py
+
+BAD_SETTINGS = ["local:0", "local:x", "local:65", "grpc://", "grpc://10.0.0.5", "http://10.0.0.5:5050",
+                "grpc://10.0.0.5:0", "grpc://a:1,grpc://a:1", "10.0.0.5:5050"]
+
+
+@pytest.mark.parametrize("value", BAD_SETTINGS)
+def test_a_bad_setting_is_refused_naming_it(value, data_dir):
+    result = run_train_py("--model_dir=/nonexistent/never-written", f"--gin_param=DATA_SERVICE={value!r}",
+                          f"--gin_param=DATA_DIR={data_dir!r}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"DATA_SERVICE={value!r}" in result.stderr and "e.g." in result.stderr, result.stderr
+
+
+def pipeline_batches(services, *, start_step: int, count: int, pipelines: int = 1, pipeline_id: int = 0,
+                     replicas: int = 2, global_batch_size: int = 64, spec_builder=None):
+    """The first `count` per-replica batches of one input pipeline of the digits train stream (or `spec_builder`'s),
+    with `services` or without (None)."""
+    import tensorflow as tf
+
+    from data import builders, pipeline
+    from data.registry import get_dataset_spec
+
+    spec, builder = spec_builder or (get_dataset_spec("digits"), None)
+    builder = builder or builders.load_builder(spec, os.environ["TFDS_DATA_DIR"])
+    input_fn = pipeline.make_train_input_fn(spec, builder, global_batch_size=global_batch_size, seed=3,
+                                            start_step=start_step, services=services)
+    context = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pipeline_id,
+                                         num_replicas_in_sync=replicas)
+    return [tf.nest.map_structure(lambda tensor: tensor.numpy(), batch)
+            for batch in input_fn(context).take(count)]
+
+
+def assert_same_batches(got, expected):
+    assert len(got) == len(expected)
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        for part, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            assert a.dtype == b.dtype and np.array_equal(a, b), f"batch {index}, part {part} differs"
+
+
+# (start step, input pipelines, this pipeline): the start, a resumed step, one of two hosts' pipelines.
+RESUMED_AND_SHARED = {"local": ((7, 1, 0),), "local:3": ((0, 1, 0), (5, 2, 1))}
+
+
+@pytest.mark.parametrize("setting", RESUMED_AND_SHARED)
+def test_services_make_the_same_batches_in_the_same_order(setting, data_dir):
+    """Bit for bit, at the start and at a resumed step, for one of two input pipelines too (multi-worker hosts); with
+    3 services every position of two epochs arrives exactly once, in order (every example once per epoch: the
+    epoch's permutation is a bijection, tests/test_permutation.py)."""
+    from data import service
+
+    with service.started(service.parse(setting), timeout_seconds=30) as services:
+        for start_step, pipelines, pipeline_id in RESUMED_AND_SHARED[setting]:
+            got = pipeline_batches(services, start_step=start_step, count=9, pipelines=pipelines,
+                                   pipeline_id=pipeline_id)
+            expected = pipeline_batches(None, start_step=start_step, count=9, pipelines=pipelines,
+                                        pipeline_id=pipeline_id)
+            assert_same_batches(got, expected)
+        two_epochs = -(-2 * 1437 // 32)  # Digits' 1,437 train examples, per-replica batches of 32, one pipeline.
+        positions = np.concatenate([batch[2] for batch in pipeline_batches(services, start_step=0,
+                                                                           count=two_epochs)])
+    assert np.array_equal(positions, np.arange(len(positions))), "a position missing, repeated or out of order"
+
+
+def test_services_make_the_shard_streams_batches(tmp_path):
+    """The stream read by shard file (ImageNet's way; here digits in 7 shard files): each of two services reads
+    every block and decodes only its own batches; together the run's own batches, in order."""
+    import tensorflow_datasets as tfds
+
+    from data import builders, service
+    from data.registry import get_dataset_spec
+
+    spec = dataclasses.replace(get_dataset_spec("digits"), read_by_shard=True)
+    builder = builders.find_builder(spec.tfds_name, str(tmp_path), module=spec.module)
+    builders.prepare(builder, tfds.download.DownloadConfig(num_shards=7))
+    with service.started(service.parse("local:2"), timeout_seconds=30) as services:
+        got = pipeline_batches(services, start_step=3, count=6, global_batch_size=48, spec_builder=(spec, builder))
+    expected = pipeline_batches(None, start_step=3, count=6, global_batch_size=48, spec_builder=(spec, builder))
+    assert_same_batches(got, expected)
+
+
+def test_a_batch_out_of_sequence_stops_the_run_with_one_line(data_dir):
+    """Negative control of the order check: two services dealt in the wrong order (what a restarted service's
+    replayed batches look like to the run) fail at the first batch, and the Trainer's message names it."""
+    import tensorflow as tf
+
+    from common.errors import InputServiceError
+    from data import builders, pipeline, service
+    from data.registry import get_dataset_spec
+
+    spec = get_dataset_spec("digits")
+    builder = builders.load_builder(spec, data_dir)
+    make = pipeline.make_train_input_fn(spec, builder, global_batch_size=64, seed=3, start_step=0)
+    context = tf.distribute.InputContext(num_replicas_in_sync=2)
+    with service.started(service.parse("local:2"), timeout_seconds=30) as services:
+        swapped = services.distribute(lambda count, index: make(context, streams=count, stream=count - 1 - index),
+                                      first_position_of=lambda batch_index: batch_index * 32)
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            next(iter(swapped))
+    error = service.explained(raised.value)
+    assert isinstance(error, InputServiceError) and error.exit_code == 1
+    assert "first position" in str(error) and "due" in str(error) and "rerun the same command" in str(error), error
+    assert service.explained(tf.errors.InvalidArgumentError(None, None, "another failure")) is None
+
+
+def test_a_service_that_does_not_answer_at_start_is_named(tmp_path, data_dir):
+    port = free_loopback_ports(1)[0]
+    started = time.monotonic()
+    result = run_train_py(f"--model_dir={tmp_path / 'run'}", f"--gin_param=DATA_DIR={data_dir!r}",
+                          f"--gin_param=DATA_SERVICE='grpc://127.0.0.1:{port}'",
+                          "--gin_param=experiment.storage_timeout_seconds=3")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"no tf.data service answers at 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and time.monotonic() - started < 60
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# Trained as configs/default.gin ships it (learning rate 0.05 with warm-up and cosine decay, 1,000 steps).
+STEPS = ("--gin_param=TRAIN_STEPS=1000", "--gin_param=EVAL_EVERY=0")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """The default config's weights after 1,000 steps without the service."""
+    model_dir = tmp_path_factory.mktemp("reference")
+    result = run_train_py(f"--model_dir={model_dir}", f"--gin_param=DATA_DIR={data_dir!r}", *STEPS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return checkpoint_values(str(model_dir))
+
+
+def assert_same_weights(model_dir, reference):
+    values = checkpoint_values(str(model_dir))
+    assert values.keys() == reference.keys()
+    differing = [key for key in values if not np.array_equal(values[key], reference[key])]
+    assert not differing, f"differ from the run without the service: {differing}"
+
+
+@pytest.mark.slow
+def test_two_local_services_train_the_same_weights(tmp_path, data_dir, reference):
+    """'local:2' to the config's stated accuracy with the very weights of the run without the service (bit for
+    bit: the same batches in the same order). Resumed runs: the test below (through grpc:// services, killed)."""
+    result = run_train_py(f"--model_dir={tmp_path / 'two'}", f"--gin_param=DATA_DIR={data_dir!r}", *STEPS,
+                          "--gin_param=DATA_SERVICE='local:2'")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Input from 2 tf.data service(s)" in result.stdout
+    final = eval(result.stdout.split("final: ")[1])  # noqa: S307 - train.py's own final line.
+    assert final["eval"]["accuracy"] > 0.97, final  # configs/default.gin states 98.9%.
+    assert_same_weights(tmp_path / "two", reference)
+
+
+def start_service(port: int) -> subprocess.Popen:
+    """`python -m data.service --port=PORT` as its own process, once it says it serves."""
+    process = subprocess.Popen([sys.executable, "-m", "data.service", f"--port={port}", "--host=127.0.0.1"],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = process.stdout.readline()
+    assert line.startswith(f"tf.data service at grpc://127.0.0.1:{port}"), line
+    return process
+
+
+def start_training(model_dir, data_dir, port: int, timeout_seconds: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "train.py", f"--model_dir={model_dir}",
+                             f"--gin_param=DATA_DIR={data_dir!r}", *STEPS, "--gin_param=CHECKPOINT_EVERY=100",
+                             f"--gin_param=DATA_SERVICE='grpc://127.0.0.1:{port}'",
+                             f"--gin_param=experiment.storage_timeout_seconds={timeout_seconds}"],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_after_a_checkpoint(training: subprocess.Popen, service: subprocess.Popen, *, restart_port: int = 0):
+    """Kills `service` once `training` has logged step 300 or later (a checkpoint every 100 steps; the run, a few
+    batches ahead at most, then waits for the service); with `restart_port`, starts a new service there at once.
+    Returns (training's exit code, stdout, stderr, the new service)."""
+    lines = []
+    for line in training.stdout:
+        lines.append(line)
+        if re.search(r"step +[3-9]00/1000", line):
+            break
+    service.send_signal(signal.SIGKILL)
+    service.wait()
+    restarted = start_service(restart_port) if restart_port else None
+    stdout, stderr = training.communicate(timeout=180)
+    return training.returncode, "".join(lines) + stdout, stderr, restarted
+
+
+@pytest.mark.slow
+def test_a_service_killed_or_restarted_mid_run_stops_it_and_the_rerun_resumes_exactly(tmp_path, data_dir,
+                                                                                       reference):
+    """Restarted at once on its port (it forgets the run's job): exit 1, one line. Killed for good: the watchdog
+    ends the run (exit 1, naming the service) after experiment.storage_timeout_seconds, where TensorFlow's client
+    would wait for ever. Then the service back and the same command: it resumes from the last checkpoint and ends
+    with the weights of the run that never had a failure."""
+    port = free_loopback_ports(1)[0]
+    model_dir = tmp_path / "run"
+    service = start_service(port)
+    try:
+        code, stdout, stderr, service = kill_after_a_checkpoint(start_training(model_dir, data_dir, port, 60),
+                                                                service, restart_port=port)
+        assert code == 1 and "error: a tf.data service failed during training" in stderr, stderr[-3000:]
+        assert "Traceback" not in stderr and "rerun the same command" in stderr, stderr[-3000:]
+
+        started = time.monotonic()
+        code, stdout, stderr, _ = kill_after_a_checkpoint(start_training(model_dir, data_dir, port, 5), service)
+        assert code == 1, stderr[-3000:]
+        assert f"error: the tf.data service at 127.0.0.1:{port} has not answered for 5 s" in stderr, stderr[-3000:]
+        assert time.monotonic() - started < 120
+        assert "Resumed from" in stdout, stdout[-2000:]
+
+        service = start_service(port)
+        result = run_train_py(f"--model_dir={model_dir}", f"--gin_param=DATA_DIR={data_dir!r}", *STEPS,
+                              "--gin_param=CHECKPOINT_EVERY=100", f"--gin_param=DATA_SERVICE='grpc://127.0.0.1:{port}'")
+        assert result.returncode == 0, result.stderr[-3000:]
+    finally:
+        service.kill()
+        service.wait()
+    assert_same_weights(model_dir, reference)
