@@ -6,6 +6,12 @@ typical size, default ~500 x 375) in a temporary folder, then times the train in
 resume takes to reach its first batch mid-block.
 
     .venv/bin/python bench/imagenet_input.py [--images 4000] [--shards 16] [--batch 256] [--batches 30]
+                                             [--services 0,1,2] [--repetitions 1]
+
+`--services`: also the same pipeline made by N tf.data services (DATA_SERVICE, data/service.py), each
+`python -m data.service` in a process of its own on this host (N=0: the host's own tf.data). On one machine the
+services share its cores with everything else: the figure shows the service's own cost, not the speed-up of
+services on other machines (which add their cores). Repetitions run the cases interleaved; the median is printed.
 
 The figure is what the host's CPUs can decode and crop: a TPU host must supply its chips' step rate times the global
 batch. Random noise compresses worse than photos, so these JPEGs are larger (~2x) and slower to decode than
@@ -13,12 +19,16 @@ ImageNet's (~110 KB on average): a conservative figure.
 """
 
 import argparse
+import contextlib
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPOSITORY)
 
 
 def main() -> None:
@@ -29,6 +39,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=30, help="timed batches after 5 warm-up batches")
     parser.add_argument("--height", type=int, default=375)
     parser.add_argument("--width", type=int, default=500)
+    parser.add_argument("--services", default="0", help="comma-separated numbers of tf.data services, 0 = none")
+    parser.add_argument("--repetitions", type=int, default=1)
     args = parser.parse_args()
     from common.tf_logging import quiet_tensorflow  # Before TensorFlow loads: its C++ start-up lines off.
 
@@ -60,10 +72,10 @@ def run(args: argparse.Namespace, root: str) -> None:
     spec = get_dataset_spec("imagenet2012")
     context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
 
-    def time_batches(start_step: int, count: int) -> tuple[float, float]:
+    def time_batches(start_step: int, count: int, services=None) -> tuple[float, float]:
         """(seconds to the first batch, seconds for the next `count` batches)."""
         dataset = pipeline.make_train_input_fn(spec, builder, global_batch_size=args.batch, seed=0,
-                                               start_step=start_step)(context)
+                                               start_step=start_step, services=services)(context)
         iterator = iter(dataset)
         begin = time.perf_counter()
         next(iterator)
@@ -75,14 +87,45 @@ def run(args: argparse.Namespace, root: str) -> None:
             next(iterator)
         return first, time.perf_counter() - begin
 
-    _, seconds = time_batches(0, args.batches)
-    rate = args.batches * args.batch / seconds
+    counts = [int(count) for count in args.services.split(",")]
+    rates = {count: [] for count in counts}
+    for _ in range(args.repetitions):
+        for count in counts:
+            with service_processes(count) as services:
+                _, seconds = time_batches(0, args.batches, services)
+            rates[count].append(args.batches * args.batch / seconds)
     cores = os.cpu_count() or 1
-    print(f"train input: {rate:,.0f} images/s on {cores} CPU cores ({rate / cores:,.0f} per core), "
-          f"batch {args.batch}", flush=True)
+    for count in counts:
+        rate = statistics.median(rates[count])
+        where = "the host's own tf.data" if count == 0 else f"{count} tf.data service process(es) on this host"
+        print(f"train input, {where}: {rate:,.0f} images/s on {cores} CPU cores ({rate / cores:,.0f} per core), "
+              f"batch {args.batch} (runs: {', '.join(f'{value:,.0f}' for value in rates[count])})", flush=True)
     resume_step = split.num_examples // args.batch // 2 + 1  # Mid-epoch, inside a block.
     first, _ = time_batches(resume_step, 1)
     print(f"resume at step {resume_step}: first batch after {first:.2f} s", flush=True)
+
+
+@contextlib.contextmanager
+def service_processes(count: int):
+    """InputServices over `count` `python -m data.service` processes on 127.0.0.1 (None for 0), stopped after."""
+    if count == 0:
+        yield None
+        return
+    from common.loopback import free_loopback_ports
+    from data import service
+
+    ports = free_loopback_ports(count)
+    processes = [subprocess.Popen([sys.executable, "-m", "data.service", f"--port={port}", "--host=127.0.0.1"],
+                                  cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for port in ports]
+    try:
+        setting = service.parse(",".join(f"grpc://127.0.0.1:{port}" for port in ports))
+        with service.started(setting, timeout_seconds=120) as services:
+            yield services
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
 
 
 if __name__ == "__main__":

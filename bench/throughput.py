@@ -20,8 +20,9 @@ For each model and global batch it measures examples/s of:
                    (the rows above), at any replica count (the benchmark's models keep BatchNormalization
                    unsynchronized, which XLA can hold at 2+ replicas); and Keras `fit(jit_compile=True)` at 1
                    replica (XLA on both sides of that ratio; Keras' XLA step fails at 2+ replicas on CPU).
+  XLA, tf.data     the XLA loop fed by the tf.data pipeline instead of the split on the devices (where it is there).
   --xla_only       only the columns that decide experiment.jit_compile='auto': template SPL=100 and fixed batch,
-                   with and without XLA.
+                   with and without XLA (and XLA fed by tf.data).
 Per case also: seconds for one exact evaluation of the eval split and for one checkpoint save (written and read
 back, as training does), median of the repetitions.
 Repetitions are interleaved (every column once per round), so load changes hit all columns alike; the table gives
@@ -83,6 +84,7 @@ class Case:
         self.xla_trainer = Trainer(dataclasses.replace(config, jit_compile="on"), strategy)
         self.xla_trainer.model.set_weights(self.trainer.model.get_weights())
         self.xla_iterator = self.xla_trainer.train_iterator()
+        self.xla_data_iterator = iter(strategy.distribute_datasets_from_function(self.xla_trainer.train_input_fn()))
         self.xla_only = xla_only
         self.iterator = self.trainer.train_iterator()  # The split on the devices where the Trainer uses it.
         self.data_iterator = iter(strategy.distribute_datasets_from_function(self.trainer.train_input_fn()))
@@ -214,6 +216,9 @@ class Case:
     def columns(self) -> dict:
         xla = {"template SPL=100, XLA": lambda: self.template(100, self.xla_iterator, self.xla_trainer),
                "fixed batch, XLA": lambda: self.fixed_batch(self.xla_trainer)}
+        if self.trainer.train_data_on_device:  # The compiled loop drawing on the devices, against it fed by tf.data.
+            xla["template SPL=100, XLA, tf.data"] = lambda: self.template(100, self.xla_data_iterator,
+                                                                          self.xla_trainer)
         if self.xla_only:
             return {"template SPL=100": lambda: self.template(100), "fixed batch": self.fixed_batch, **xla}
         columns = {"template SPL=1": lambda: self.template(1), "template SPL=10": lambda: self.template(10),

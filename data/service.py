@@ -131,7 +131,7 @@ class InputServices:
         count = len(self.addresses)
         streams = [make_stream(count, index).apply(tf.data.experimental.service.distribute(
             processing_mode=tf.data.experimental.service.ShardingPolicy.OFF, service=f"grpc://{address}",
-            max_outstanding_requests=BATCHES_AHEAD))
+            max_outstanding_requests=BATCHES_AHEAD, compression=None))
             for index, address in enumerate(self.addresses)]
         merged = streams[0] if count == 1 else tf.data.Dataset.choose_from_datasets(
             streams, tf.data.Dataset.range(count).repeat())

@@ -22,7 +22,7 @@ def test_the_throughput_benchmark_runs_and_reports_every_column(tmp_path):
     assert set(case) == {"template SPL=1", "template SPL=10", "template SPL=100", "pipeline",
                          "pipeline, compiled drain", "fixed batch",
                          "keras fit (in memory)", "keras fit (pipeline)", "guide loop", "fixed batch, XLA",
-                         "template SPL=100, XLA",
+                         "template SPL=100, XLA", "template SPL=100, XLA, tf.data",
                          "keras fit (in memory), XLA", "eval seconds", "checkpoint seconds",
                          "template SPL=100, tf.data", "on-device batches"}
     assert all(value["median"] > 0 for value in case.values())
@@ -38,7 +38,8 @@ def test_the_xla_comparison_runs_at_2_replicas(tmp_path):
                              f"--output={output}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     case = json.load(open(output))["cases"]["mlp B=64"]
-    assert set(case) == {"template SPL=100", "fixed batch", "template SPL=100, XLA", "fixed batch, XLA"}
+    assert set(case) == {"template SPL=100", "fixed batch", "template SPL=100, XLA", "fixed batch, XLA",
+                         "template SPL=100, XLA, tf.data"}
     assert all(value["median"] > 0 for value in case.values())
     assert "| XLA / no XLA (template SPL=100) |" in result.stdout
 
