@@ -199,11 +199,17 @@ def _end_process(message: str) -> None:
 
 
 @contextlib.contextmanager
-def started(setting: ServiceSetting, *, timeout_seconds: float):
-    """InputServices for `setting` while the body runs (None when the setting is off)."""
+def started(setting: ServiceSetting, *, timeout_seconds: float, input_hosts: int = 1):
+    """InputServices for `setting` while the body runs (None when the setting is off). `input_hosts`: the hosts
+    that run input pipelines (a TPU pod slice's); 'local' services on this host's loopback serve only this one."""
     if not setting:
         yield None
         return
+    if setting.local and input_hosts > 1:
+        raise ConfigError(f"DATA_SERVICE='local:{setting.local}' starts the services on this host's 127.0.0.1, which "
+                          f"the other {input_hosts - 1} host(s) of this TPU pod slice, whose CPUs run the input "
+                          "pipelines, cannot reach. Start services with `python -m data.service --port=PORT` on "
+                          "machines they reach and set DATA_SERVICE='grpc://HOST:PORT[,...]'.")
     services = InputServices(setting, timeout_seconds=timeout_seconds)
     try:
         yield services

@@ -123,6 +123,22 @@ def test_a_batch_out_of_sequence_stops_the_run_with_one_line(data_dir):
     assert service.explained(tf.errors.InvalidArgumentError(None, None, "another failure")) is None
 
 
+def test_local_services_are_refused_where_other_hosts_run_the_input():
+    """A TPU pod slice's hosts run its input pipelines (mocked: no TPU here; tpu_utils.strategy.input_hosts reads
+    the TPUStrategy's host count): they cannot reach this host's loopback, so 'local' is a ConfigError, before any
+    service starts; grpc:// services are fine there."""
+    import tensorflow as tf
+
+    from common.errors import ConfigError
+    from data import service
+    from tpu_utils.strategy import input_hosts
+
+    with pytest.raises(ConfigError, match=r"DATA_SERVICE='local:2' .* other 3 host\(s\) .*grpc://HOST:PORT"):
+        with service.started(service.parse("local:2"), timeout_seconds=1, input_hosts=4):
+            pass
+    assert input_hosts(tf.distribute.get_strategy()) == 1
+
+
 def test_a_service_that_does_not_answer_at_start_is_named(tmp_path, data_dir):
     port = free_loopback_ports(1)[0]
     started = time.monotonic()

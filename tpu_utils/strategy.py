@@ -120,6 +120,14 @@ def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     return len(cluster.get("chief", [])) + len(cluster.get("worker", [])) > 1
 
 
+def input_hosts(strategy: tf.distribute.Strategy) -> int:
+    """Hosts whose CPUs run the input pipelines of this process's strategy: a TPU pod slice's hosts (the one client
+    places a pipeline on each), else 1 (every other strategy's pipelines run in this process)."""
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return int(getattr(strategy.extended, "num_hosts", 1) or 1)
+    return 1
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this process writes the run directory: always, except on the non-chief workers of a multi-worker job.
 

@@ -14,7 +14,7 @@ from common.extras import check_gcs_paths
 from common.storage_errors import transient
 from data import service
 from models.registry import get_model_builder
-from tpu_utils.strategy import is_chief, make_strategy
+from tpu_utils.strategy import input_hosts, is_chief, make_strategy
 from training import preflight as preflight_module
 from training import stop_signals
 from training.config import ExperimentConfig
@@ -67,7 +67,8 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
         with held.locked(optional=mode == "eval") as writable:
             stop_signals.stop_if_requested("before training started")
             wanted = service.parse(config.data_service) if mode == "train" else service.ServiceSetting()
-            with service.started(wanted, timeout_seconds=config.storage_timeout_seconds) as input_services:
+            with service.started(wanted, timeout_seconds=config.storage_timeout_seconds,
+                                 input_hosts=input_hosts(strategy)) as input_services:
                 trainer = Trainer(config, strategy, training=mode == "train", bound_arguments=bound_model_arguments,
                                   input_services=input_services)
                 record = RunRecord(trainer, directory, role=mode, model_settings=model_settings(config.model))
