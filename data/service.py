@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -76,7 +77,8 @@ def parse(value) -> ServiceSetting:
     for item in value.split(","):
         host, _, port = item.strip().removeprefix("grpc://").rpartition(":")
         if not item.strip().startswith("grpc://") or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"DATA_SERVICE={value!r}: {item.strip()!r} is not grpc://HOST:PORT (a service started "
+            raise ConfigError(f"DATA_SERVICE={value!r}: {item!r} is not grpc://HOST:PORT with a port from 1 to 65535 "
+                              "(a service started "
                               "with `python -m data.service --port=PORT`); use 'local', 'local:N' or e.g. "
                               "--gin_param=\"DATA_SERVICE='grpc://10.0.0.5:5050'\".")
         addresses.append(f"{host}:{int(port)}")
@@ -107,7 +109,7 @@ class InputServices:
     """The services of one run: `addresses` (HOST:PORT) in the order batches are dealt to them; `distribute` moves an
     input pipeline onto them. Use as a context manager (`started`): local services stop, the watchdog ends."""
 
-    def __init__(self, setting: ServiceSetting, *, timeout_seconds: float):
+    def __init__(self, setting: ServiceSetting, *, timeout_seconds: float, check_stop=None):
         self.timeout_seconds = timeout_seconds
         self._servers = [start_service() for _ in range(setting.local)]
         self.local = bool(setting.local)
@@ -115,7 +117,7 @@ class InputServices:
         self._stopped = threading.Event()
         self._watchdog = None
         if not self.local:
-            wait_until_reachable(self.addresses, timeout_seconds=timeout_seconds)
+            wait_until_reachable(self.addresses, timeout_seconds=timeout_seconds, check_stop=check_stop)
             self._watchdog = threading.Thread(target=self._watch, name="data-service-watchdog", daemon=True)
             self._watchdog.start()
         log.info("Input from %d tf.data service(s) at %s%s: the same batches in the same order as without them "
@@ -172,21 +174,23 @@ class InputServices:
         self._servers = []
 
 
-def explained(error: Exception) -> InputServiceError | None:
-    """The InputServiceError for a training step's error that came from the services: a batch out of sequence
-    (`distribute`'s check) or the client's own failure (a restarted dispatcher forgets the run's job); None for
-    any other error."""
+def explained(error: Exception, addresses=()) -> InputServiceError | None:
+    """The InputServiceError for a training step's error that came from the services at `addresses`: a batch out of
+    sequence (`distribute`'s check) or the client's own failure (a restarted dispatcher forgets the run's job and
+    its dataset); None for any other error."""
     text = str(error)
-    resume = ("The batches trained so far were the right ones and the checkpoints are intact: rerun the same "
-              "command to resume from the last checkpoint.")
+    resume = ("The batches trained so far were the right ones and any checkpoint saved is intact: rerun the same "
+              "command to resume from the last one.")
     if OUT_OF_SEQUENCE in text:
         detail = " ".join(text[text.index(OUT_OF_SEQUENCE):].split("\n")[0].split())
         return InputServiceError(f"{shorten(detail, 400)}: a tf.data service sent a batch other than the one due, "
                                  f"which a restarted service does (it begins its batches again). {resume}")
-    cause = next((line for line in text.splitlines() if "dispatcher" in line or "tf.data service" in line), None)
+    markers = ("dispatcher", "tf.data service", "register_dataset", "iteration client")
+    cause = next((line for line in text.splitlines() if any(marker in line for marker in markers)), None)
     if cause:
-        return InputServiceError(f"a tf.data service failed during training ({shorten(cause, 300)}); a restarted "
-                                 f"service forgets the run's job. {resume}")
+        return InputServiceError(f"a tf.data service of DATA_SERVICE ({', '.join(addresses)}) failed during "
+                                 f"training ({shorten(cause, 300)}); a restarted service forgets the run's job. "
+                                 f"{resume}")
     return None
 
 
@@ -199,9 +203,10 @@ def _end_process(message: str) -> None:
 
 
 @contextlib.contextmanager
-def started(setting: ServiceSetting, *, timeout_seconds: float, input_hosts: int = 1):
+def started(setting: ServiceSetting, *, timeout_seconds: float, input_hosts: int = 1, check_stop=None):
     """InputServices for `setting` while the body runs (None when the setting is off). `input_hosts`: the hosts
-    that run input pipelines (a TPU pod slice's); 'local' services on this host's loopback serve only this one."""
+    that run input pipelines (a TPU pod slice's); 'local' services on this host's loopback serve only this one.
+    `check_stop()`: called while waiting for the services, to end the wait (by raising) when a stop is requested."""
     if not setting:
         yield None
         return
@@ -210,7 +215,7 @@ def started(setting: ServiceSetting, *, timeout_seconds: float, input_hosts: int
                           f"the other {input_hosts - 1} host(s) of this TPU pod slice, whose CPUs run the input "
                           "pipelines, cannot reach. Start services with `python -m data.service --port=PORT` on "
                           "machines they reach and set DATA_SERVICE='grpc://HOST:PORT[,...]'.")
-    services = InputServices(setting, timeout_seconds=timeout_seconds)
+    services = InputServices(setting, timeout_seconds=timeout_seconds, check_stop=check_stop)
     try:
         yield services
     finally:
@@ -220,21 +225,23 @@ def started(setting: ServiceSetting, *, timeout_seconds: float, input_hosts: int
 def reachable(address: str, *, timeout: float = 5.0) -> bool:
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):  # [::1] -> ::1
             return True
     except OSError:
         return False
 
 
-def wait_until_reachable(addresses, *, timeout_seconds: float) -> None:
+def wait_until_reachable(addresses, *, timeout_seconds: float, check_stop=None) -> None:
     """Returns once every service accepts a connection; InputServiceError naming those that did not within
-    `timeout_seconds` (a progress line every 10 s meanwhile)."""
+    `timeout_seconds` (a progress line every 10 s meanwhile; `check_stop()` every second)."""
     deadline = time.monotonic() + timeout_seconds
     waiting = [address for address in addresses if not reachable(address)]
     if not waiting:
         return
     with reporting(f"the tf.data service at {', '.join(waiting)}", cause="it is not started yet, or unreachable"):
         while waiting and time.monotonic() < deadline:
+            if check_stop is not None:
+                check_stop()
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             waiting = [address for address in waiting if not reachable(address)]
     if waiting:
@@ -244,24 +251,41 @@ def wait_until_reachable(addresses, *, timeout_seconds: float) -> None:
             "docs/data.md), or check the address and the firewall; nothing was trained.")
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port from 1 to 65535")
+    return int(text)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m data.service", description=(
         "Serve training input to runs with DATA_SERVICE='grpc://THIS_HOST:PORT': a tf.data dispatcher and one "
         "worker in this process, until it is stopped (docs/data.md, \"The tf.data service\")."))
-    parser.add_argument("--port", type=int, required=True, help="the dispatcher's port, e.g. 5050")
+    parser.add_argument("--port", type=_port, required=True, help="the dispatcher's port, e.g. 5050")
     parser.add_argument("--host", default=None, help="the address the run reaches this machine at (default: its "
                         "host name); the worker announces itself there")
     args = parser.parse_args(argv)
-    from common.tf_logging import quiet_tensorflow
-
-    quiet_tensorflow()
-    dispatcher, worker, address = start_service(args.port, host=args.host or socket.gethostname())
-    print(f"tf.data service at grpc://{address} (dispatcher and one worker); stop it with Ctrl-C.", flush=True)
+    if args.host is not None and not args.host.strip():
+        parser.error("--host is empty; give the address runs reach this machine at, or leave the flag out")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # gRPC would share a taken port (SO_REUSEPORT).
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A restart's closed connections do not count.
+        try:
+            probe.bind(("", args.port))
+        except OSError as error:
+            parser.error(f"port {args.port} is taken ({error.strerror}): another service or program listens there; "
+                         "stop it or pick another --port")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does.
     try:
-        worker.join()
+        from common.tf_logging import quiet_tensorflow
+
+        quiet_tensorflow()
+        servers = start_service(args.port, host=args.host or socket.gethostname())
+        print(f"tf.data service at grpc://{servers[2]} (dispatcher and one worker); stop it with Ctrl-C.", flush=True)
+        while True:  # Not worker.join(): it blocks in C++, where Ctrl-C cannot reach Python.
+            time.sleep(3600)
     except KeyboardInterrupt:
+        print("tf.data service stopped.", flush=True)
         return 0
-    return 0
 
 
 if __name__ == "__main__":

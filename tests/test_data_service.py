@@ -154,6 +154,44 @@ def test_a_service_that_does_not_answer_at_start_is_named(tmp_path, data_dir):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_stop_request_ends_the_wait_for_a_service():
+    """SIGINT/SIGTERM while the run waits for an absent service: the first one ends the wait (train.py's check
+    raises TrainingInterrupted, exit 3), not the timeout."""
+    from common.errors import TrainingInterrupted
+    from data import service
+
+    calls = []
+
+    def check_stop():
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            raise TrainingInterrupted("stopped")
+
+    started = time.monotonic()
+    with pytest.raises(TrainingInterrupted):
+        service.wait_until_reachable([f"127.0.0.1:{free_loopback_ports(1)[0]}"], timeout_seconds=60,
+                                     check_stop=check_stop)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("flags, message", [(["--port=70000"], "'70000' is not a port from 1 to 65535"),
+                                            (["--port=PORT_TAKEN"], "is taken"),
+                                            (["--port=5050", "--host="], "--host is empty")])
+def test_the_service_command_refuses_a_bad_port_or_host(flags, message):
+    """Exit 2 and the reason, before TensorFlow loads. A taken port: gRPC would share it (SO_REUSEPORT) and the runs
+    would then reach the wrong service."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        flags = [flag.replace("PORT_TAKEN", str(taken.getsockname()[1])) for flag in flags]
+        result = subprocess.run([sys.executable, "-m", "data.service", *flags], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # Trained as configs/default.gin ships it (learning rate 0.05 with warm-up and cosine decay, 1,000 steps).
 STEPS = ("--gin_param=TRAIN_STEPS=1000", "--gin_param=EVAL_EVERY=0")
 
@@ -233,7 +271,9 @@ def test_a_service_killed_or_restarted_mid_run_stops_it_and_the_rerun_resumes_ex
     try:
         code, stdout, stderr, service = kill_after_a_checkpoint(start_training(model_dir, data_dir, port, 60),
                                                                 service, restart_port=port)
-        assert code == 1 and "error: a tf.data service failed during training" in stderr, stderr[-3000:]
+        assert code == 1, stderr[-3000:]
+        assert f"error: a tf.data service of DATA_SERVICE (127.0.0.1:{port}) failed during training" in stderr, \
+            stderr[-3000:]
         assert "Traceback" not in stderr and "rerun the same command" in stderr, stderr[-3000:]
 
         started = time.monotonic()

@@ -67,8 +67,9 @@ def run(*, model_dir: str, mode: str = "train", command: str = "") -> dict:
         with held.locked(optional=mode == "eval") as writable:
             stop_signals.stop_if_requested("before training started")
             wanted = service.parse(config.data_service) if mode == "train" else service.ServiceSetting()
-            with service.started(wanted, timeout_seconds=config.storage_timeout_seconds,
-                                 input_hosts=input_hosts(strategy)) as input_services:
+            waiting = {"timeout_seconds": config.storage_timeout_seconds, "input_hosts": input_hosts(strategy),
+                       "check_stop": lambda: stop_signals.stop_if_requested("before training started")}
+            with service.started(wanted, **waiting) as input_services:
                 trainer = Trainer(config, strategy, training=mode == "train", bound_arguments=bound_model_arguments,
                                   input_services=input_services)
                 record = RunRecord(trainer, directory, role=mode, model_settings=model_settings(config.model))

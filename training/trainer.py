@@ -223,7 +223,7 @@ class Trainer:
         try:
             means = self._train_loop(iterator, tf.constant(num_steps, tf.int32))
         except tf.errors.OpError as error:  # With DATA_SERVICE: a service restarted or failed -> one line, exit 1.
-            explained = self.input_services and service.explained(error)
+            explained = self.input_services and service.explained(error, self.input_services.addresses)
             if explained:
                 raise explained from error
             raise
