@@ -246,15 +246,20 @@ def kill_after_a_checkpoint(training: subprocess.Popen, service: subprocess.Pope
     """Kills `service` once `training` has logged step 300 or later (a checkpoint every 100 steps; the run, a few
     batches ahead at most, then waits for the service); with `restart_port`, starts a new service there at once.
     Returns (training's exit code, stdout, stderr, the new service)."""
-    lines = []
-    for line in training.stdout:
-        lines.append(line)
-        if re.search(r"step +[3-9]00/1000", line):
-            break
-    service.send_signal(signal.SIGKILL)
-    service.wait()
-    restarted = start_service(restart_port) if restart_port else None
-    stdout, stderr = training.communicate(timeout=180)
+    try:
+        lines = []
+        for line in training.stdout:
+            lines.append(line)
+            if re.search(r"step +[3-9]00/1000", line):
+                break
+        service.send_signal(signal.SIGKILL)
+        service.wait()
+        restarted = start_service(restart_port) if restart_port else None
+        stdout, stderr = training.communicate(timeout=180)
+    finally:  # A failed step of the test leaves no training process behind.
+        if training.poll() is None:
+            training.kill()
+            training.wait()
     return training.returncode, "".join(lines) + stdout, stderr, restarted
 
 
