@@ -264,6 +264,8 @@ def kill_after_a_checkpoint(training: subprocess.Popen, service: subprocess.Pope
 
 
 @pytest.mark.slow
+# Over 60 s (60-120 s on 2 cores): four service processes and two training processes (a kill needs a process), the
+# watchdog's real timeout, and the resumed run to the shipped 1,000 steps, where exact resume is worth checking.
 def test_a_service_killed_or_restarted_mid_run_stops_it_and_the_rerun_resumes_exactly(tmp_path, data_dir,
                                                                                        reference):
     """Restarted at once on its port (it forgets the run's job): exit 1, one line. Killed for good: the watchdog
