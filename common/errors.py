@@ -62,6 +62,6 @@ class StorageError(RuntimeError):
 
 class InputServiceError(RuntimeError):
     """A tf.data service of DATA_SERVICE did not answer, or sent a batch out of sequence (exit code 1, one line
-    naming the service): the checkpoints saved before are intact; a rerun resumes once it answers."""
+    naming the service): any checkpoint saved before is intact; a rerun resumes once it answers."""
 
     exit_code = EXIT_FAILED

@@ -78,8 +78,8 @@ def parse(value) -> ServiceSetting:
         host, _, port = item.strip().removeprefix("grpc://").rpartition(":")
         if not item.strip().startswith("grpc://") or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"DATA_SERVICE={value!r}: {item!r} is not grpc://HOST:PORT with a port from 1 to 65535 "
-                              "(a service started "
-                              "with `python -m data.service --port=PORT`); use 'local', 'local:N' or e.g. "
+                              "(a service started with `python -m data.service --port=PORT`); use 'local', "
+                              "'local:N' or e.g. "
                               "--gin_param=\"DATA_SERVICE='grpc://10.0.0.5:5050'\".")
         addresses.append(f"{host}:{int(port)}")
     if len(set(addresses)) < len(addresses):
@@ -163,7 +163,7 @@ class InputServices:
                 if time.monotonic() - since >= self.timeout_seconds and not self._stopped.is_set():
                     _end_process(f"the tf.data service at {address} has not answered for {self.timeout_seconds} s "
                                  "(experiment.storage_timeout_seconds); training cannot go on without its batches. "
-                                 "The checkpoints saved before are intact: restart the service (python -m "
+                                 "Any checkpoint saved before is intact: restart the service (python -m "
                                  "data.service --port=PORT) and rerun the same command to resume.")
 
     def close(self) -> None:
