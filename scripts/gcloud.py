@@ -1,5 +1,6 @@
 """The gcloud commands of one Cloud TPU VM, for scripts/tpu_vm.py: create it (directly, or through queued resources
-that wait for capacity), retry capacity errors with back-off, describe its state, ssh/scp, delete it.
+that wait for capacity), retry capacity errors with back-off, describe its state, ssh/scp, delete it; and the
+`gcloud compute instances|ssh|scp` commands of the CPU VMs in the same zone (scripts/input_vms.py).
 
 Every command is printed before it runs (`+ gcloud ...`), except the launcher's frequent log polls. A dry run
 prints the commands and runs none. Commands are argument lists (no local shell); the flags that become parts of
@@ -28,6 +29,8 @@ _FLAG_PATTERNS = {
     "version": (r"[A-Za-z0-9][A-Za-z0-9._-]*", "a TPU software version such as tpu-vm-tf-2.18.0-pjrt"),
     "tpu_server_image": (r"[A-Za-z0-9][A-Za-z0-9_./:@-]*", "an image reference such as gcr.io/PROJECT/IMAGE:TAG "
                                                           "(letters, digits and ./:@_-)"),
+    "input_machine_type": (r"[a-z][a-z0-9]{0,15}(?:-[a-z0-9]{1,16}){1,4}", "a Compute Engine machine type such as "
+                                                                            "n2-standard-8 or e2-highcpu-16"),
 }
 
 
@@ -35,11 +38,17 @@ class LauncherError(RuntimeError):
     """A step of the launch failed in a way retrying here cannot fix; the message says what and what to do."""
 
 
+def accepted(flag: str, value: str) -> bool:
+    """Whether `value` is what Google Cloud accepts for the launcher's flag `flag` (a key of _FLAG_PATTERNS)."""
+    return re.fullmatch(_FLAG_PATTERNS[flag][0], value, re.ASCII) is not None
+
+
 def flag_problem(args) -> str | None:
-    """What is wrong with the launcher's --name, --zone, --project, --version or --tpu_server_image, or None."""
-    for flag, (pattern, expected) in _FLAG_PATTERNS.items():
-        value = getattr(args, flag)
-        if value is not None and not re.fullmatch(pattern, value, re.ASCII):
+    """What is wrong with the launcher's --name, --zone, --project, --version, --tpu_server_image or
+    --input_machine_type, or None."""
+    for flag, (_, expected) in _FLAG_PATTERNS.items():
+        value = getattr(args, flag, None)
+        if value is not None and not accepted(flag, value):
             return f"--{flag}={value!r}: expected {expected}."
     return None
 
@@ -72,6 +81,13 @@ class Gcloud:
 
     def ssh(self, command: str, worker: str = "0", **options) -> subprocess.CompletedProcess:
         return self.tpu("ssh", f"--worker={worker}", f"--command={command}", **options)
+
+    def instances(self, verb: str, *names_and_flags: str, **options) -> subprocess.CompletedProcess:
+        """`gcloud compute instances VERB ...` (Compute Engine VMs) in the TPU's zone and project."""
+        return self.run("gcloud", "compute", "instances", verb, *names_and_flags, *self.base, **options)
+
+    def instance_ssh(self, name: str, command: str, **options) -> subprocess.CompletedProcess:
+        return self.run("gcloud", "compute", "ssh", name, *self.base, f"--command={command}", **options)
 
     def create(self) -> None:
         """Creates the TPU VM, retrying capacity errors with back-off; with --queued, waits until it is ACTIVE."""

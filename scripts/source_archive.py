@@ -14,6 +14,12 @@ import subprocess
 import tarfile
 
 SHOWN_UNTRACKED = 5  # Untracked files named in the summary (the rest are counted).
+REMOTE_DIR = "tpu-template"  # Where the archive is unpacked, in the home directory of each machine it is sent to.
+# Unpacks the archive (sent as ~/REMOTE_DIR.tgz) and installs `requirements` in a Python 3.11 virtualenv there: the
+# TPU workers' requirements-tpu.txt, the CPU VMs' requirements.txt (scripts/input_vms.py).
+INSTALL = ("sudo apt-get update -qq && sudo apt-get install -y -qq python3.11 python3.11-venv && "
+           f"mkdir -p ~/{REMOTE_DIR} && tar xzf ~/{REMOTE_DIR}.tgz -C ~/{REMOTE_DIR} && cd ~/{REMOTE_DIR} && "
+           "python3.11 -m venv .venv && .venv/bin/pip install -q -r {requirements}")
 
 
 class SourceError(ValueError):

@@ -5,10 +5,12 @@
   python scripts/tpu_vm.py ... --queued --spot      # wait in Google's queue for (spot) capacity
   python scripts/tpu_vm.py ... --dry_run            # print the gcloud commands, run nothing
 
-Steps (each a `gcloud compute tpus ...` command):
+Steps (`gcloud compute tpus ...` commands; `gcloud compute instances|ssh|scp` for the input VMs):
  1. create the TPU VM (`--version` is the TPU software version: no TF 2.20 image name is documented, so it is a
     parameter), or with `--queued` a queued resource, waiting with progress lines until it is ACTIVE. Capacity
-    errors (RESOURCE_EXHAUSTED, "no more capacity", quota) are retried with back-off, `--capacity_retries` times;
+    errors (RESOURCE_EXHAUSTED, "no more capacity", quota) are retried with back-off, `--capacity_retries` times.
+    `--input_vms=N`: once the TPU exists, N CPU VMs for the tf.data service (scripts/input_vms.py) get the same
+    files and requirements.txt, each runs `python -m data.service`, and train.py gets their DATA_SERVICE;
  2. copy the files git tracks (as they are here, uncommitted changes included) and those `--include=PATH` names to
     every worker, never an untracked file (`.env`, keys, other virtualenvs, datasets); the count, the size and the
     untracked files left behind are printed first, and a folder that is not a git checkout is refused (exit 2)
@@ -16,18 +18,18 @@ Steps (each a `gcloud compute tpus ...` command):
  3. start `train.py ARGS` detached on worker 0 (`setsid nohup`, log and pid in ~/tpu-template/job/) and poll its
     log over SSH. A dropped SSH connection is retried: the job keeps running and the log resumes where it stopped.
     The job's script is printed, then sent base64-encoded with every argument quoted inside it, so no argument
-    (newlines, quotes, `$(...)`, non-UTF-8 bytes) is shell text on the VM; --name, --zone, --project, --version and
-    --tpu_server_image are checked against what Google Cloud accepts before anything runs (exit 2).
+    (newlines, quotes, `$(...)`, non-UTF-8 bytes) is shell text on the VM; the flags that become parts of gcloud
+    commands are checked against what Google Cloud accepts before anything runs (exit 2).
     PJRT (v5e, v5p, v6e) or the classic runtime is decided from the accelerator type by the same start-up code as
     train.py's (tpu_utils/tpu/startup.py). Pod slices are driven by TensorFlow's single client on worker 0
     (`TPU=<name>`, `TPU_LOAD_LIBRARY=0`); their TPU runtime must be a `-pod` runtime of the same TensorFlow as
     requirements-tpu.txt, or `--tpu_server_image` realigns every host's TPU server; otherwise nothing is created;
  4. with `--max_restarts N`, every interruption it can recognise is resumed from the checkpoint: exit 3 (train.py
     stopped by SIGTERM), exit 6 (train.py stopped by a storage failure), death by SIGTERM (143), a job that vanished
-    without an exit code, a preempted or deleted TPU (recreated and reinstalled first);
+    without an exit code, a preempted or deleted TPU (recreated and reinstalled first); a stopped service is restarted;
  5. delete the TPU only when the job has ended (done, failed, or restarts used up), or on Ctrl-C once the job has
     confirmed it stopped (SIGTERM: it checkpoints and exits 3). A TPU whose job may still be running is kept, with
-    the command to delete it. `--keep` always keeps it.
+    the command to delete it. `--keep` always keeps it. The input VMs are deleted and kept with it.
 The exit code is the training command's (0 done, 2 config error, 3 interrupted, 4 non-finite loss, 6 storage
 failed), 1 if the launch itself failed, 2 for bad launcher flags.
 """
@@ -35,7 +37,6 @@ failed), 1 if the launch itself failed, 2 for bad launcher flags.
 import argparse
 import codecs
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -47,52 +48,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_STORAGE_FAILED  # noqa: E402
 from scripts.gcloud import Gcloud, LauncherError, flag_problem  # noqa: E402
+from scripts.input_vms import InputVms, input_problem  # noqa: E402
+from scripts.pod_runtime import ALIGN_TPU_SERVER, TPU_RUNTIME_UNIT, pinned_tensorflow, pod_runtime_problem
 from scripts.remote_job import job_script, parse_poll, poll_command, start_command, started_pid, stop_command
-from scripts.source_archive import select, write_archive  # noqa: E402
+from scripts.source_archive import INSTALL, REMOTE_DIR, select, write_archive  # noqa: E402
 from tpu_utils.tpu.facts import RuntimeFacts  # noqa: E402
 from tpu_utils.tpu.generations import parse_accelerator_type  # noqa: E402
 from tpu_utils.tpu.startup import PJRT_ENV, decide  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REMOTE_DIR = "tpu-template"  # In the home directory of each worker.
-INSTALL = ("sudo apt-get update -qq && sudo apt-get install -y -qq python3.11 python3.11-venv && "
-           f"mkdir -p ~/{REMOTE_DIR} && tar xzf ~/{REMOTE_DIR}.tgz -C ~/{REMOTE_DIR} && cd ~/{REMOTE_DIR} && "
-           "python3.11 -m venv .venv && .venv/bin/pip install -q -r requirements-tpu.txt")
-# Rewrites every host's TPU server to another TensorFlow image, as Google's TF pod tests do (not verified here).
-ALIGN_TPU_SERVER = ("sudo sed -i 's|TF_DOCKER_URL=[^\" ]*|TF_DOCKER_URL={image}|' {unit} && grep -q {image} {unit} && "
-                    "sudo systemctl daemon-reload && sudo systemctl restart tpu-runtime")
-TPU_RUNTIME_UNIT = "/etc/systemd/system/tpu-runtime.service"
-# train.py's SIGTERM exit; its storage failure (a rerun resumes once the bucket answers); killed by SIGTERM (shell,
-# Python). Exit 1 (a bug) and 2 (bad input) would fail the same way again.
+# Rerun: train.py's SIGTERM exit (3), storage failure (6), death by SIGTERM (143, -15); not 1 (a bug), 2 (bad input).
 RETRYABLE_EXIT_CODES = (EXIT_INTERRUPTED, EXIT_STORAGE_FAILED, 143, -15)
 GONE_STATES = ("PREEMPTED", "TERMINATED", "NOT_FOUND")
-_TF_RUNTIME = re.compile(r"tpu-vm-tf-(\d+\.\d+)[.\w]*?(-pod)?(?:-pjrt|-se)?")
-
-
-def pinned_tensorflow_tpu() -> str:
-    """The tensorflow-tpu version requirements-tpu.txt installs on the workers (the pod's client TensorFlow)."""
-    with open(os.path.join(REPO_ROOT, "requirements-tpu.txt")) as handle:
-        match = re.search(r"^tensorflow-tpu==(\S+)", handle.read(), re.MULTILINE)
-    return match.group(1)
-
-
-def pod_runtime_problem(accelerator_type: str, version: str, client: str, server_image: str | None) -> str | None:
-    """Why `version` cannot run a pod slice with TensorFlow `client` on worker 0, or None if it can."""
-    match = _TF_RUNTIME.fullmatch(version)
-    minor = ".".join(client.split(".")[:2])
-    if not match or not match.group(2):
-        return (f"{accelerator_type} is a pod slice, and --version={version!r} is not a TensorFlow pod runtime: "
-                "every host must run TensorFlow's TPU server, which only the tpu-vm-tf-X.Y.Z-pod[-pjrt] runtimes "
-                f"start. Pass --version=tpu-vm-tf-{minor}.0-pod-pjrt (v5e and later) or tpu-vm-tf-{minor}.0-pod "
-                "if Google publishes it, or an older pod runtime with --tpu_server_image.")
-    if match.group(1) != minor and not server_image:
-        return (f"the TPU runtime {version} runs TensorFlow {match.group(1)} in every host's TPU server, but worker "
-                f"0's client is tensorflow-tpu {client} (requirements-tpu.txt); a pod needs the same TensorFlow on "
-                f"both. Fix: --tpu_server_image=<TF {minor} TPU server image> rewrites {TPU_RUNTIME_UNIT} on every "
-                f"worker (as Google's TensorFlow tests do; not verified here), or use a tpu-vm-tf-{minor}.x-pod "
-                f"runtime if one exists (the newest documented is 2.18), or install TensorFlow {match.group(1)} on "
-                "the workers instead.")
-    return None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -114,10 +81,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add("--ssh_retries", type=int, default=20, help="consecutive failed SSH polls before giving up (TPU kept)")
     add("--stop_timeout", type=float, default=600, help="seconds to wait for the job to stop after Ctrl-C")
     add("--tpu_server_image", default=None, help="pods: TPU server image to run on every host (aligns its TF)")
+    add("--input_vms", type=int, default=0, help="CPU VMs to run train.py's tf.data service (DATA_SERVICE) on")
+    add("--input_machine_type", default="n2-standard-16", help="the CPU VMs' machine type, e.g. n2-standard-8")
+    add("--input_port", type=int, default=5050, help="the tf.data service's port on the CPU VMs")
     add("--include", action="append", default=[], metavar="PATH",
         help="also send this untracked file or folder (repeatable); by default only the files git tracks are sent")
     add("--keep", action="store_true", help="do not delete the TPU at the end")
-    add("--skip_create", action="store_true", help="the TPU exists already (still deleted at the end)")
+    add("--skip_create", action="store_true", help="the TPU (and input VMs) exist already (still deleted at the end)")
     add("--dry_run", action="store_true", help="print the gcloud commands, run nothing")
     add("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of train.py")
     args = parser.parse_args(argv)
@@ -125,9 +95,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def install(gcloud: Gcloud, args, pod: bool, files) -> None:
-    """Copies `files` (scripts/source_archive.py: what git tracks, plus --include) to every worker and installs
-    the requirements there."""
+def install(gcloud: Gcloud, args, pod: bool, files, inputs: InputVms | None = None) -> None:
+    """Copies `files` (scripts/source_archive.py: what git tracks, plus --include) to every worker (and the input
+    VMs) and installs the requirements there."""
     # A fresh archive per launch: two launches at once (or another user's) must not share or overwrite one file.
     handle, archive = tempfile.mkstemp(prefix=f"{REMOTE_DIR}-", suffix=".tgz")
     os.close(handle)
@@ -137,18 +107,23 @@ def install(gcloud: Gcloud, args, pod: bool, files) -> None:
             print(f"[tpu_vm] archive of the {len(files.paths)} files: {size / 1e6:.1f} MB", flush=True)
         gcloud.run("gcloud", "compute", "tpus", "tpu-vm", "scp", archive, f"{args.name}:~/{REMOTE_DIR}.tgz",
                    *gcloud.base, "--worker=all")
+        if inputs:
+            inputs.send(archive)
     finally:
         os.remove(archive)
-    gcloud.ssh(INSTALL, worker="all")
+    gcloud.ssh(INSTALL.format(requirements="requirements-tpu.txt"), worker="all")
+    if inputs:
+        inputs.install()
     if pod and args.tpu_server_image:
         gcloud.ssh(ALIGN_TPU_SERVER.format(image=args.tpu_server_image, unit=TPU_RUNTIME_UNIT), worker="all")
 
 
-def train_command(args, decision) -> tuple[dict, list[str]]:
+def train_command(args, decision, data_service: str | None = None) -> tuple[dict, list[str]]:
     """(environment, argv) of train.py on worker 0. train.py's start-up sets PJRT from TPU_ACCELERATOR_TYPE
     with the VM's libtpu path; pods also get TPU_LOAD_LIBRARY=0 from the same decision."""
     train_args = [*args.train_args, f'--gin_param=experiment.tpu_zone="{args.zone}"']  # Bucket region check.
     train_args.append(f'--gin_param=TPU="{args.name}"' if decision.pod else '--gin_param=TPU="local"')
+    train_args += [f"--gin_param=DATA_SERVICE='{data_service}'"] if data_service else []  # The input VMs'.
     environment = {"TPU_ACCELERATOR_TYPE": args.accelerator_type,
                    **{key: value for key, value in decision.env.items() if key not in PJRT_ENV}}
     return environment, [".venv/bin/python", "train.py", *train_args]
@@ -204,9 +179,9 @@ def stop_job(gcloud: Gcloud, args, state: dict) -> bool:
     return how in ("exited", "vanished")
 
 
-def run_jobs(gcloud: Gcloud, args, decision, state: dict, files) -> int:
+def run_jobs(gcloud: Gcloud, args, decision, state: dict, files, inputs: InputVms) -> int:
     """Starts the job and restarts it after recognised interruptions; returns the final exit code."""
-    environment, command = train_command(args, decision)
+    environment, command = train_command(args, decision, inputs.data_service())
     script = job_script(0, environment, command).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     print(f"[tpu_vm] the job's script (~/{REMOTE_DIR}/job/0.sh on worker 0, N.sh after N restarts; sent base64-"
           "encoded, every argument quoted):\n" + "".join(f"    {line}\n" for line in script.splitlines()), end="")
@@ -252,6 +227,7 @@ def run_jobs(gcloud: Gcloud, args, decision, state: dict, files) -> int:
             gcloud.delete()
             gcloud.create()
             install(gcloud, args, decision.pod, files)
+        inputs.restart_dead()
     return EXIT_INTERRUPTED
 
 
@@ -264,32 +240,34 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: --accelerator_type={args.accelerator_type!r}: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    problem = flag_problem(args)
+    problem = flag_problem(args) or input_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     decision = decide(RuntimeFacts(accelerator_type=args.accelerator_type, accelerator_type_source="--accelerator_type",
                                    libtpu_path="<the VM's site-packages>/libtpu/libtpu.so"))
     print(f"[tpu_vm] {decision.summary()} (set on the VM by train.py's start-up)", flush=True)
-    if decision.pod:
-        problem = pod_runtime_problem(args.accelerator_type, args.version, pinned_tensorflow_tpu(),
-                                      args.tpu_server_image)
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
-            return EXIT_CONFIG_ERROR
-    try:
-        start_command(REMOTE_DIR, args.max_restarts, *train_command(args, decision))  # Too long: ValueError.
+    problem = decision.pod and pod_runtime_problem(args.accelerator_type, args.version, pinned_tensorflow(),
+                                                   args.tpu_server_image)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    gcloud, state, code, keep_reason = Gcloud(args), {"job_may_run": False, "attempt": 0, "offset": 0}, 1, None
+    inputs = InputVms(gcloud, args)
+    try:  # A command too long for SSH: ValueError.
+        start_command(REMOTE_DIR, args.max_restarts, *train_command(args, decision, inputs.data_service()))
         files = select(REPO_ROOT, args.include)  # Not a git checkout, or a bad --include: SourceError.
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(f"[tpu_vm] {files.summary()}", flush=True)
-    gcloud, state, code, keep_reason = Gcloud(args), {"job_may_run": False, "attempt": 0, "offset": 0}, 1, None
     try:
         if not args.skip_create:
             gcloud.create()
-        install(gcloud, args, decision.pod, files)
-        code = run_jobs(gcloud, args, decision, state, files)
+            inputs.create()  # Once the TPU exists: its capacity is the scarce part.
+        install(gcloud, args, decision.pod, files, inputs)
+        inputs.start_all()
+        code = run_jobs(gcloud, args, decision, state, files, inputs)
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
         if state["job_may_run"]:
@@ -309,10 +287,12 @@ def main(argv: list[str]) -> int:
             print(f"[tpu_vm] keeping {args.name}{' (' + keep_reason + ')' if keep_reason else ''}: check it with "
                   f"`gcloud compute tpus tpu-vm ssh {args.name} --zone={args.zone} --worker=0`, delete it with "
                   f"`gcloud compute tpus {'queued-resources' if args.queued else 'tpu-vm'} delete {args.name} "
-                  f"--zone={args.zone}{' --force' if args.queued else ''}`; it is billed while it exists.",
+                  f"--zone={args.zone}{' --force' if args.queued else ''}`; it is billed while it exists."
+                  + (f" Its input VMs too: delete them with `{inputs.delete_command()}`." if inputs.exist else ""),
                   flush=True)
         else:
             gcloud.delete()
+            inputs.delete()
     return code
 
 

@@ -198,6 +198,17 @@ def served(tmp_path_factory, data_dir):
     return get
 
 
+@pytest.fixture
+def fake_gcloud(tmp_path):
+    """scripts/tpu_vm.py against a stand-in gcloud (tests/tpu_vm_runs.py fake_cloud): run(scenario, train_plan,
+    *flags) -> (result, verbs). Kills what the runs left running on the fake TPU worker and input VMs."""
+    from tests.tpu_vm_runs import fake_cloud
+
+    run = fake_cloud(tmp_path)
+    yield run
+    run.stop()
+
+
 @pytest.fixture(scope="session")
 def gcs():
     """fake-gcs-server + the TLS proxy, started once (~0.3 s), torn down at the end: tests/gcs_server/emulator.py."""

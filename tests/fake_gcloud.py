@@ -1,4 +1,5 @@
-"""A stand-in for `gcloud compute tpus ...` (Google Cloud cannot be reached from here), for scripts/tpu_vm.py's tests.
+"""A stand-in for `gcloud compute tpus|instances|ssh|scp ...` (Google Cloud cannot be reached from here), for
+scripts/tpu_vm.py's tests.
 
 It logs every call to calls.jsonl in $FAKE_GCLOUD_DIR and follows scenario.json there:
 - create (tpu-vm or queued-resources): fails with the next message of `create_errors`, if any (exit 1);
@@ -10,6 +11,13 @@ It logs every call to calls.jsonl in $FAKE_GCLOUD_DIR and follows scenario.json 
   HOME=$FAKE_GCLOUD_DIR/home, standing in for worker 0, whose `.venv/bin/python` is a fake train.py (below).
   The Nth job command (start, poll, stop: counted from 1) listed in `ssh_drops` fails like a dropped connection
   (exit 255) without running; at the Nth listed in `preempt_at`, the job is killed (SIGKILL) and the TPU PREEMPTED.
+- instances create NAME...: each gets the internal IP 10.128.0.{k+2} (k: its place in the command) and a home,
+  $FAKE_GCLOUD_DIR/input-homes/NAME; with `instances_create_error` in the scenario, only the first
+  `instances_created` (default 0) are created and the command fails with that message (exit 1);
+- instances describe NAME: its IP (NOT_FOUND if it does not exist); instances delete NAME...: kills what runs in
+  their homes (as deleting a VM does) and removes them;
+- compute scp / compute ssh NAME: as tpu-vm scp / ssh, in that VM's home; the install command creates the
+  virtualenv's `.venv/bin/python`: a fake `python -m data.service` (FAKE_SERVICE, below).
 """
 
 import json
@@ -34,6 +42,14 @@ def on_sigterm(*_):
 signal.signal(signal.SIGTERM, on_sigterm)
 json.dump(sys.argv[1:], open(os.path.join(os.environ['HOME'], f'argv-{{number}}.json'), 'w'))  # As received.
 print('attempt', number, 'TPU_ACCELERATOR_TYPE=' + os.environ.get('TPU_ACCELERATOR_TYPE', ''), flush=True)
+for name in plan.get('kill_services', []):  # As if that input VM rebooted: its service's session is gone.
+    job = os.path.join(os.environ['FAKE_GCLOUD_DIR'], 'input-homes', name, 'tpu-template', 'job')
+    pid = int(open(os.path.join(job, '0.pid')).read())
+    os.killpg(os.getpgid(pid), signal.SIGKILL)
+    for _ in range(300):  # Until it is reaped, as after a reboot (a zombie would still answer `kill -0`).
+        if not os.path.exists(f'/proc/{{pid}}'):
+            break
+        time.sleep(0.1)
 for step in range(plan['lines']):
     print(f'attempt {{number}} step {{step}} ' + 'x' * 40, flush=True)
     time.sleep(plan.get('seconds', 0.02))
@@ -41,6 +57,31 @@ if plan['exit'] == 'sigterm':
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 sys.exit(plan['exit'])
+"""
+
+# `python -m data.service` on a fake input VM: records its arguments (service-argv-N.json in the VM's home for its
+# Nth start), then, as the scenario's `service_plan` {VM name: ["serve" | "fail", ...]} says for that start (default
+# "serve"), prints the real one's ready line and runs until SIGTERM (exit 0), or fails at once (exit 1).
+FAKE_SERVICE = """#!{python}
+import json, os, signal, sys, time
+home = os.environ['HOME']
+starts = os.path.join(home, 'starts')
+number = len(open(starts).read()) if os.path.exists(starts) else 0
+open(starts, 'a').write('x')
+json.dump(sys.argv[1:], open(os.path.join(home, f'service-argv-{{number}}.json'), 'w'))
+scenario = json.load(open(os.path.join(os.environ['FAKE_GCLOUD_DIR'], 'scenario.json')))
+plan = scenario.get('service_plan', {{}}).get(os.path.basename(home), [])
+if number < len(plan) and plan[number] == 'fail':
+    print('error: the fake tf.data service failed (service_plan)', flush=True)
+    sys.exit(1)
+flags = dict(arg[2:].split('=', 1) for arg in sys.argv[1:] if arg.startswith('--'))
+def stop(*_):
+    print('tf.data service stopped.', flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print(f"tf.data service at grpc://{{flags['host']}}:{{flags['port']}} (fake)", flush=True)
+while True:
+    time.sleep(1)
 """
 
 
@@ -96,10 +137,92 @@ def _ssh(argv: list[str], scenario: dict) -> int:
     return result.returncode
 
 
+def _instances() -> dict:
+    path = os.path.join(os.environ["FAKE_GCLOUD_DIR"], "instances.json")
+    return json.load(open(path)) if os.path.exists(path) else {}
+
+
+def _input_home(name: str) -> str:
+    return os.path.join(os.environ["FAKE_GCLOUD_DIR"], "input-homes", name)
+
+
+def kill_jobs(home: str) -> None:
+    """Kills every job started under `home` (their whole sessions), as when the machine goes away."""
+    job_dir = os.path.join(home, "tpu-template", "job")
+    for name in os.listdir(job_dir) if os.path.isdir(job_dir) else []:
+        if name.endswith(".pid"):
+            try:
+                os.killpg(os.getpgid(int(open(os.path.join(job_dir, name)).read())), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+def _positional(argv: list[str]) -> list[str]:
+    """The words of a command that are not flags (nor --zone's or --project's value)."""
+    words, skip = [], False
+    for arg in argv:
+        if not skip and not arg.startswith("-"):
+            words.append(arg)
+        skip = arg in ("--zone", "--project")
+    return words
+
+
+def _save(instances: dict) -> None:
+    json.dump(instances, open(os.path.join(os.environ["FAKE_GCLOUD_DIR"], "instances.json"), "w"))
+
+
+def _compute(verb: str, argv: list[str], scenario: dict) -> int:
+    """`compute instances create|describe|delete NAME...`, `compute ssh NAME`, `compute scp FILE NAME:~/FILE`."""
+    instances, names = _instances(), _positional(argv)
+    if verb == "create":
+        error, created = scenario.get("instances_create_error"), scenario.get("instances_created", 0)
+        for index, name in enumerate(names if error is None else names[:created]):
+            instances[name] = f"10.128.0.{index + 2}"
+            os.makedirs(_input_home(name), exist_ok=True)
+        _save(instances)
+        if error is not None:
+            print(error, file=sys.stderr)
+        return 0 if error is None else 1
+    targets = names if verb == "delete" else [names[-1].split(":", 1)[0]]
+    missing = [name for name in targets if name not in instances]
+    for name in missing:
+        print(f"ERROR: (gcloud.compute.{verb}) NOT_FOUND: The resource '{name}' was not found", file=sys.stderr)
+    if verb == "delete":  # The others are deleted all the same.
+        for name in targets:
+            kill_jobs(_input_home(name))
+            instances.pop(name, None)
+        _save(instances)
+        return 1 if missing else 0
+    if missing:
+        return 1
+    home = _input_home(targets[0])
+    if verb == "describe":
+        print(instances[targets[0]])
+    elif verb == "scp":
+        shutil.copyfile(names[0], os.path.join(home, names[1].split(":~/", 1)[1]))
+    elif verb == "ssh":
+        command = next(arg.split("=", 1)[1] for arg in argv if arg.startswith("--command="))
+        if "pip install" not in command:
+            result = subprocess.run(["bash", "-c", command], env={**os.environ, "HOME": home}, capture_output=True)
+            sys.stdout.buffer.write(result.stdout)
+            sys.stderr.buffer.write(result.stderr)
+            return result.returncode
+        python = os.path.join(home, "tpu-template", ".venv", "bin", "python")  # Installing: the fake service.
+        os.makedirs(os.path.dirname(python), exist_ok=True)
+        open(python, "w").write(FAKE_SERVICE.format(python=sys.executable))
+        os.chmod(python, 0o755)
+        open(os.path.join(home, "installed"), "w").write(command)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     with open(os.path.join(os.environ["FAKE_GCLOUD_DIR"], "calls.jsonl"), "a") as log:
         log.write(json.dumps(argv) + "\n")
     scenario = _scenario()
+    if argv[1] == "instances":  # compute instances VERB ...
+        return _compute(argv[2], argv[3:], scenario)
+    if argv[1] in ("ssh", "scp"):  # compute ssh|scp ...
+        return _compute(argv[1], argv[2:], scenario)
     group, verb = argv[2], argv[3]  # compute tpus {tpu-vm|queued-resources} VERB ...
     if verb == "create":
         return _create(scenario)

@@ -18,26 +18,10 @@ import time
 import pytest
 
 from tests.helpers import REPO_ROOT
-
-SCRIPT = os.path.join(REPO_ROOT, "scripts", "tpu_vm.py")
-TRAIN_ARGS = ["--", "--gin_file=configs/tpu/cifar10_resnet_v3_32_pod.gin", "--model_dir=gs://bucket/run"]
-FAST = ["--poll_seconds=0.05", "--retry_seconds=0.01", "--queue_poll_seconds=0.01"]
-
-
-def _launch(*args: str, env: dict | None = None, script: str = SCRIPT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, script, "--name=my-tpu", "--zone=us-central1-a", *args], cwd=REPO_ROOT,
-                          capture_output=True, text=True, errors="backslashreplace", timeout=120,
-                          env={**os.environ, **(env or {})})
-
-
-def _commands(stdout: str) -> list[str]:
-    return [chunk.rstrip() for chunk in ("\n" + stdout).split("\n+ ")[1:]]
-
-
-def _job_script(stdout: str) -> str:
-    """The job's script as the launcher prints it before sending it (base64-encoded) to worker 0."""
-    lines = stdout.split("[tpu_vm] the job's script", 1)[1].splitlines()[1:]
-    return "\n".join(line[4:] for line in lines[:next(i for i, line in enumerate(lines) if line[:4] != "    ")])
+from tests.tpu_vm_runs import FAST, SCRIPT, TRAIN_ARGS
+from tests.tpu_vm_runs import commands as _commands
+from tests.tpu_vm_runs import job_script as _job_script
+from tests.tpu_vm_runs import launch as _launch
 
 
 def test_dry_run_for_a_pod_installs_everywhere_and_trains_detached_on_worker_0():
@@ -114,51 +98,6 @@ def test_a_pod_whose_runtime_tensorflow_differs_is_refused_naming_both_versions(
     assert aligned.returncode == 0, aligned.stderr
     align = next(command for command in _commands(aligned.stdout) if "tpu-runtime.service" in command)
     assert "--worker=all" in align and "TF_DOCKER_URL=gcr.io/my-project/tpu-server:2.20" in align
-
-
-@pytest.fixture
-def fake_gcloud(tmp_path):
-    """Runs the launcher against tests/fake_gcloud.py; returns run(scenario, train_plan, *flags) ->
-    (result, verbs, stdout). Kills any job left running on the fake worker afterwards."""
-    home = tmp_path / "home" / "tpu-template" / ".venv" / "bin"
-    home.mkdir(parents=True)
-    from tests.fake_gcloud import FAKE_TRAIN
-
-    (home / "python").write_text(FAKE_TRAIN.format(python=sys.executable))
-    (home / "python").chmod(0o755)
-    (tmp_path / "gcloud").write_text(f"#!/bin/sh\nexec {sys.executable} {REPO_ROOT}/tests/fake_gcloud.py \"$@\"\n")
-    (tmp_path / "gcloud").chmod(0o755)
-    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path),
-           "FAKE_GCLOUD_DIR": str(tmp_path)}
-
-    def write(scenario: dict, train_plan: list[dict]):  # A fresh cloud: no counters, calls, TPU or job files.
-        for leftover in [*tmp_path.glob("*.count"), tmp_path / "calls.jsonl", tmp_path / "state.txt",
-                         tmp_path / "home" / "attempts"]:
-            leftover.unlink(missing_ok=True)
-        (tmp_path / "scenario.json").write_text(json.dumps(scenario))
-        (tmp_path / "home" / "train_plan.json").write_text(json.dumps(train_plan))
-
-    def verbs() -> list[str]:
-        if not (tmp_path / "calls.jsonl").exists():
-            return []
-        calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
-        return [f"{call[2]}:{call[3]}" if call[:2] == ["compute", "tpus"] else call[0] for call in calls]
-
-    def run(scenario: dict, train_plan: list[dict], *flags: str, accelerator_type: str = "v5litepod-8",
-            train_args: list[str] = TRAIN_ARGS, script: str = SCRIPT, extra_env: dict | None = None):
-        write(scenario, train_plan)
-        result = _launch(f"--accelerator_type={accelerator_type}", "--version=v2-alpha-tpuv5-lite", *FAST, *flags,
-                         *train_args, env={**env, **(extra_env or {})}, script=script)
-        return result, verbs()
-
-    run.env, run.write, run.verbs = env, write, verbs
-    yield run
-    job_dir = tmp_path / "home" / "tpu-template" / "job"
-    for pid_file in job_dir.glob("*.pid") if job_dir.exists() else []:
-        try:
-            os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 def _steps(stdout: str, attempt: int) -> list[int]:
