@@ -92,15 +92,16 @@ def check_settings(config) -> None:
     parse(config.data_service)
 
 
-def start_service(port: int = 0, *, host: str = "127.0.0.1") -> tuple:
-    """A tf.data dispatcher on `port` (0: any free one) and its one worker, in this process; returns (dispatcher,
-    worker, "HOST:PORT" of the dispatcher). The worker announces itself as HOST:its port."""
+def start_service(port: int = 0, *, host: str = "127.0.0.1", worker_port: int = 0) -> tuple:
+    """A tf.data dispatcher on `port` and its one worker on `worker_port` (0: any free one), in this process; returns
+    (dispatcher, worker, "HOST:PORT" of the dispatcher). The worker announces itself as HOST:its port: runs connect
+    to both ports."""
     import tensorflow as tf
 
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
     dispatcher_port = dispatcher.target.rpartition(":")[2]
-    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=f"127.0.0.1:{dispatcher_port}", port=0,
+    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=f"127.0.0.1:{dispatcher_port}", port=worker_port,
                                                        worker_address=f"{host}:%port%"))
     return dispatcher, worker, f"{host}:{dispatcher_port}"
 
@@ -262,24 +263,29 @@ def main(argv=None) -> int:
         "Serve training input to runs with DATA_SERVICE='grpc://THIS_HOST:PORT': a tf.data dispatcher and one "
         "worker in this process, until it is stopped (docs/data.md, \"The tf.data service\")."))
     parser.add_argument("--port", type=_port, required=True, help="the dispatcher's port, e.g. 5050")
+    parser.add_argument("--worker_port", type=_port, default=None, help="the worker's port (default: any free one); "
+                        "runs connect to it too, so a firewall must let them reach both ports")
     parser.add_argument("--host", default=None, help="the address the run reaches this machine at (default: its "
                         "host name); the worker announces itself there")
     args = parser.parse_args(argv)
     if args.host is not None and not args.host.strip():
         parser.error("--host is empty; give the address runs reach this machine at, or leave the flag out")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # gRPC would share a taken port (SO_REUSEPORT).
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A restart's closed connections do not count.
-        try:
-            probe.bind(("", args.port))
-        except OSError as error:
-            parser.error(f"port {args.port} is taken ({error.strerror}): another service or program listens there; "
-                         "stop it or pick another --port")
+    if args.worker_port == args.port:
+        parser.error(f"--worker_port={args.worker_port} is --port's; the worker needs a port of its own")
+    for flag, port in (("--port", args.port), ("--worker_port", args.worker_port)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # gRPC would share a taken port (REUSEPORT).
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A restart's closed connections do not count.
+            try:
+                probe.bind(("", port or 0))
+            except OSError as error:
+                parser.error(f"port {port} is taken ({error.strerror}): another service or program listens there; "
+                             f"stop it or pick another {flag}")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does.
     try:
         from common.tf_logging import quiet_tensorflow
 
         quiet_tensorflow()
-        servers = start_service(args.port, host=args.host or socket.gethostname())
+        servers = start_service(args.port, host=args.host or socket.gethostname(), worker_port=args.worker_port or 0)
         print(f"tf.data service at grpc://{servers[2]} (dispatcher and one worker); stop it with Ctrl-C.", flush=True)
         while True:  # Not worker.join(): it blocks in C++, where Ctrl-C cannot reach Python.
             time.sleep(3600)

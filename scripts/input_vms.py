@@ -5,13 +5,13 @@ tf.data service (DATA_SERVICE, data/service.py) moves the input pipeline to othe
 Compute Engine VMs `NAME-input-0..N-1` in the TPU's zone once the TPU exists (TPU capacity is the scarce part, and a
 queued TPU may wait for hours), sends them the TPU's archive, installs requirements.txt (CPU TensorFlow, the same
 version as the TPU's: client and workers speak one protocol), starts `python -m data.service --port=PORT
---host=INTERNAL_IP` detached on each (scripts/remote_job.py, attempt 0 in each VM's ~/tpu-template/job/) and waits
-until each says it serves. train.py gets DATA_SERVICE with their addresses. Before a rerun, a service that is no
+--worker_port=PORT+1 --host=INTERNAL_IP` detached on each (scripts/remote_job.py, attempt 0 in each VM's
+~/tpu-template/job/) and waits until each says it serves. train.py gets DATA_SERVICE with their addresses. Before a rerun, a service that is no
 longer running (its VM rebooted) is started again. The VMs are deleted with the TPU and kept with it.
 
 Their scope is cloud-platform, so the services read a gs:// DATA_DIR as the VMs' service account. The TPU VM
-reaches them at their internal IPs: the network must allow it (the default network's default-allow-internal rule
-does). Not verified against Google Cloud (none here): the gcloud flags follow Google's documentation.
+reaches them at their internal IPs on PORT and PORT+1: the network must allow it (the default network's
+default-allow-internal rule does). Not verified against Google Cloud (none here): the gcloud flags follow Google's documentation.
 """
 
 import re
@@ -38,8 +38,9 @@ def input_problem(args) -> str | None:
     if count and not accepted("name", last):
         return (f"--name={args.name!r} with --input_vms={count}: the CPU VMs' names ({last}) must be at most 63 "
                 "lowercase letters, digits and hyphens; shorten --name.")
-    if not 0 < args.input_port < 65536:
-        return f"--input_port={args.input_port}: expected a port from 1 to 65535."
+    if not 0 < args.input_port < 65535:
+        return (f"--input_port={args.input_port}: expected a port from 1 to 65534 (each service's worker listens on "
+                "the next one).")
     setting = next((arg for arg in args.train_args if _DATA_SERVICE_SET.search(arg)), None)
     if count and setting:
         return (f"the train.py arguments set the tf.data service ({setting!r}), and --input_vms={count} sets "
@@ -139,7 +140,9 @@ class InputVms:
             self.gcloud.sleep(self.args.poll_seconds)
 
     def _start(self, name: str) -> None:
-        argv = [".venv/bin/python", "-m", "data.service", f"--port={self.args.input_port}", f"--host={self.ips[name]}"]
+        port = self.args.input_port  # The worker on the next port: a firewall rule needs to open just these two.
+        argv = [".venv/bin/python", "-m", "data.service", f"--port={port}", f"--worker_port={port + 1}",
+                f"--host={self.ips[name]}"]
         print(f"[tpu_vm] starting the tf.data service on {name}: {' '.join(argv)} (log ~/{REMOTE_DIR}/job/0.log "
               "there)", flush=True)
         started = self.gcloud.instance_ssh(name, start_command(REMOTE_DIR, 0, {}, argv), check=False, capture=True)

@@ -95,8 +95,8 @@ def test_a_dry_run_prints_the_input_vms_their_install_their_services_and_data_se
     assert [command.split()[3] for command in starts] == VMS
     for name, start in zip(VMS, starts, strict=True):  # What reaches the VM: only base64, decoded to the script.
         script = base64.b64decode(re.search(r"echo (\S+) \| base64 -d > job/0.sh", start).group(1)).decode()
-        assert script.startswith(f".venv/bin/python -m data.service --port=5050 '--host=<internal-IP-of-{name}>' &")
-        assert f"starting the tf.data service on {name}: .venv/bin/python -m data.service --port=5050" in result.stdout
+        assert script.startswith(f".venv/bin/python -m data.service --port=5050 --worker_port=5051 '--host=<internal-IP-of-{name}>' &")
+        assert f"starting the tf.data service on {name}: .venv/bin/python -m data.service --port=5050 --worker_port=5051" in result.stdout
     placeholders = ",".join(f"grpc://<internal-IP-of-{name}>:5050" for name in VMS)
     assert f"DATA_SERVICE='\"'\"'{placeholders}'\"'\"'" in job_script(result.stdout)
     assert printed[-2:] == [f"gcloud compute tpus tpu-vm delete my-tpu {base} --quiet",
@@ -112,7 +112,7 @@ def test_train_py_gets_the_services_of_the_input_vms_which_are_deleted_with_the_
     assert parse(EXPECTED.split("=", 2)[2].strip("'")).addresses == ("10.128.0.2:5050", "10.128.0.3:5050")
     for index, name in enumerate(VMS):
         assert _json(_vm(fake_gcloud, name, "service-argv-0.json")) == [
-            "-m", "data.service", "--port=5050", f"--host=10.128.0.{index + 2}"]
+            "-m", "data.service", "--port=5050", "--worker_port=5051", f"--host=10.128.0.{index + 2}"]
         assert f"[tpu_vm] {name}: tf.data service at grpc://10.128.0.{index + 2}:5050 (fake)" in result.stdout
         assert open(_vm(fake_gcloud, name, "installed")).read().endswith("pip install -q -r requirements.txt")
         with open(_vm(fake_gcloud, name, "tpu-template.tgz"), "rb") as sent, \
@@ -156,6 +156,7 @@ def test_a_partly_failed_create_of_the_input_vms_deletes_those_made_and_the_tpu(
     (["--input_machine_type=n2-standard-8;touch x"], "--input_machine_type='n2-standard-8;touch x': expected"),
     (["--input_machine_type=--project=other"], "--input_machine_type='--project=other': expected"),
     (["--input_port=0"], "--input_port=0: expected a port"),
+    (["--input_port=65535"], "each service's worker listens on the next one"),
     (["--", "--gin_param=DATA_SERVICE='grpc://10.0.0.5:5050'"], "DATA_SERVICE to its CPU VMs' services: drop"),
     (["--", "--gin_param", "experiment.data_service = 'local'"], "the train.py arguments set the tf.data service"),
 ])
@@ -186,7 +187,7 @@ def test_a_rerun_first_restarts_a_service_that_died_and_gets_the_same_data_servi
     assert "my-tpu-input-0 is not running" not in result.stdout
     assert not os.path.exists(_vm(fake_gcloud, "my-tpu-input-0", "service-argv-1.json"))  # Left running.
     assert _json(_vm(fake_gcloud, "my-tpu-input-1", "service-argv-1.json")) == [
-        "-m", "data.service", "--port=5050", "--host=10.128.0.3"]
+        "-m", "data.service", "--port=5050", "--worker_port=5051", "--host=10.128.0.3"]
     home = os.path.join(fake_gcloud.env["FAKE_GCLOUD_DIR"], "home")
     assert [_data_service(_json(os.path.join(home, f"argv-{attempt}.json"))) for attempt in (0, 1)] == [[EXPECTED]] * 2
     starts = [index for index, call in enumerate(_calls(fake_gcloud))
