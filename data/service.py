@@ -101,8 +101,8 @@ def start_service(port: int = 0, *, host: str = "127.0.0.1", worker_port: int = 
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=port))
     dispatcher_port = dispatcher.target.rpartition(":")[2]
-    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=f"127.0.0.1:{dispatcher_port}", port=worker_port,
-                                                       worker_address=f"{host}:%port%"))
+    worker = service.WorkerServer(service.WorkerConfig(dispatcher_address=f"127.0.0.1:{dispatcher_port}",
+                                                       port=worker_port, worker_address=f"{host}:%port%"))
     return dispatcher, worker, f"{host}:{dispatcher_port}"
 
 

@@ -1,17 +1,19 @@
 """CPU VMs that run the tf.data service for a TPU VM's training: scripts/tpu_vm.py --input_vms=N.
 
 Why: a TPU VM with few CPU cores per chip may not make its batches fast enough (ImageNet's JPEG decoding), and the
-tf.data service (DATA_SERVICE, data/service.py) moves the input pipeline to other machines. This creates N
-Compute Engine VMs `NAME-input-0..N-1` in the TPU's zone once the TPU exists (TPU capacity is the scarce part, and a
-queued TPU may wait for hours), sends them the TPU's archive, installs requirements.txt (CPU TensorFlow, the same
-version as the TPU's: client and workers speak one protocol), starts `python -m data.service --port=PORT
+tf.data service (DATA_SERVICE, data/service.py) moves the input pipeline to other machines. This creates N Compute
+Engine VMs `NAME-input-0..N-1` in the TPU's zone once the TPU exists (TPU capacity is the scarce part, and a queued
+TPU may wait for hours), sends them the TPU's archive, installs requirements.txt (CPU TensorFlow, the same version
+as the TPU's: client and workers speak one protocol), starts `python -m data.service --port=PORT
 --worker_port=PORT+1 --host=INTERNAL_IP` detached on each (scripts/remote_job.py, attempt 0 in each VM's
-~/tpu-template/job/) and waits until each says it serves. train.py gets DATA_SERVICE with their addresses. Before a rerun, a service that is no
-longer running (its VM rebooted) is started again. The VMs are deleted with the TPU and kept with it.
+~/tpu-template/job/) and waits until each says it serves. train.py gets DATA_SERVICE with their addresses. Before a
+rerun, a service that is no longer running (its VM rebooted) is started again. The VMs are deleted with the TPU and
+kept with it.
 
-Their scope is cloud-platform, so the services read a gs:// DATA_DIR as the VMs' service account. The TPU VM
-reaches them at their internal IPs on PORT and PORT+1: the network must allow it (the default network's
-default-allow-internal rule does). Not verified against Google Cloud (none here): the gcloud flags follow Google's documentation.
+Their scope is cloud-platform, so the services read a gs:// DATA_DIR as the VMs' service account. The TPU VM reaches
+them at their internal IPs on PORT and PORT+1: the network must allow it (the default network's
+default-allow-internal rule does). Not verified against Google Cloud (none here): the gcloud flags follow Google's
+documentation.
 """
 
 import re

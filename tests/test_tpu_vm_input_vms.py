@@ -95,8 +95,9 @@ def test_a_dry_run_prints_the_input_vms_their_install_their_services_and_data_se
     assert [command.split()[3] for command in starts] == VMS
     for name, start in zip(VMS, starts, strict=True):  # What reaches the VM: only base64, decoded to the script.
         script = base64.b64decode(re.search(r"echo (\S+) \| base64 -d > job/0.sh", start).group(1)).decode()
-        assert script.startswith(f".venv/bin/python -m data.service --port=5050 --worker_port=5051 '--host=<internal-IP-of-{name}>' &")
-        assert f"starting the tf.data service on {name}: .venv/bin/python -m data.service --port=5050 --worker_port=5051" in result.stdout
+        command = ".venv/bin/python -m data.service --port=5050 --worker_port=5051"
+        assert script.startswith(f"{command} '--host=<internal-IP-of-{name}>' &")
+        assert f"starting the tf.data service on {name}: {command}" in result.stdout
     placeholders = ",".join(f"grpc://<internal-IP-of-{name}>:5050" for name in VMS)
     assert f"DATA_SERVICE='\"'\"'{placeholders}'\"'\"'" in job_script(result.stdout)
     assert printed[-2:] == [f"gcloud compute tpus tpu-vm delete my-tpu {base} --quiet",
