@@ -5,6 +5,7 @@ and staging (stage/) share; errors say how to stage what is missing."""
 import contextlib
 import importlib
 import logging
+import weakref
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -16,6 +17,9 @@ from data import downloads
 from data.spec import DatasetSpec, check_task_features
 
 log = logging.getLogger(__name__)
+# Splits counted (a builder without split sizes in its metadata), per builder: a run asks for a split's size in
+# several places (the pipelines, the split on the devices, the preflight), and counting reads the whole split.
+_COUNTED: "weakref.WeakKeyDictionary[tfds.core.DatasetBuilder, dict[str, int]]" = weakref.WeakKeyDictionary()
 
 
 def find_builder(tfds_name: str, data_dir: str | None, *,
@@ -111,12 +115,15 @@ def load_builder(spec: DatasetSpec, data_dir: str | None) -> tfds.core.DatasetBu
 
 
 def split_size(builder: tfds.core.DatasetBuilder, split: str) -> int:
-    """Examples in `split`: from the dataset's metadata, or counted when the metadata has no split sizes (as with
-    TFDS's mock data, which the tests use for download-only datasets)."""
+    """Examples in `split`: from the dataset's metadata, or counted (once per builder) when the metadata has no split
+    sizes (as with TFDS's mock data, which the tests use for download-only datasets)."""
     if split in builder.info.splits:
         return builder.info.splits[split].num_examples
-    log.info("No split sizes in the metadata of %r: counting %s.", builder.name, split)
-    return int(builder.as_dataset(split=split, shuffle_files=False).reduce(0, lambda count, _: count + 1))
+    counted = _COUNTED.setdefault(builder, {})
+    if split not in counted:  # Once per builder: its files do not change under it.
+        log.info("No split sizes in the metadata of %r: counting %s.", builder.name, split)
+        counted[split] = int(builder.as_dataset(split=split, shuffle_files=False).reduce(0, lambda count, _: count + 1))
+    return counted[split]
 
 
 def encoded_split(spec: DatasetSpec, builder: tfds.core.DatasetBuilder, split: str) -> tf.data.Dataset:

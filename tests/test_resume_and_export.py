@@ -52,6 +52,7 @@ def test_resuming_with_another_batch_size_is_refused(tmp_path, data_dir):
     assert "GLOBAL_BATCH_SIZE: checkpoint 32, now 64" in changed.stderr
 
 
+@pytest.mark.slow  # ~30 s: a second Python process loads TensorFlow (the point: nothing of this process helps it).
 def test_exported_saved_model_reproduces_predictions_in_a_fresh_process(tmp_path, small_config):
     from tpu_utils.strategy import make_strategy
     from training.controller import Controller

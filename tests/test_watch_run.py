@@ -86,6 +86,7 @@ def test_plain_progress_lines_carry_a_sane_eta_and_the_first_loop_is_announced(t
     assert re.search(r"eval step 100 \([\d.]+ s\)\n.*metric +value\n.*loss +\d\.\d{4}\n.*accuracy +\d\.\d{4}", out)
 
 
+@pytest.mark.slow  # ~30 s: train.py in a process of its own on a pseudo-terminal (the point: a real terminal).
 def test_on_a_terminal_one_progress_line_updates_in_place(tmp_path, data_dir):
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 220, 0, 0))  # 220 columns: the whole line.
