@@ -277,6 +277,9 @@ def main(argv=None) -> int:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A restart's closed connections do not count.
             try:
                 probe.bind(("", port or 0))
+            except PermissionError:
+                parser.error(f"port {port} is below 1024, which only root may listen on: pick another {flag}, e.g. "
+                             "5050")
             except OSError as error:
                 parser.error(f"port {port} is taken ({error.strerror}): another service or program listens there; "
                              f"stop it or pick another {flag}")

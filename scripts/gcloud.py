@@ -144,9 +144,18 @@ class Gcloud:
             return "NOT_FOUND" if re.search(r"NOT_FOUND|not found", result.stderr or "", re.IGNORECASE) else ""
         return (result.stdout or "").strip()
 
-    def delete(self) -> None:
-        """Deletes the TPU VM (with --queued: the queued resource and its TPU)."""
+    @property
+    def project_flag(self) -> str:
+        return f" --project={self.args.project}" if self.args.project else ""
+
+    def delete(self) -> bool:
+        """Deletes the TPU VM (with --queued: the queued resource and its TPU); False if it may still exist."""
         if self.args.queued:
-            self.queued("delete", "--force", "--quiet", check=False)
+            result = self.queued("delete", "--force", "--quiet", check=False)
         else:
-            self.tpu("delete", "--quiet", check=False)
+            result = self.tpu("delete", "--quiet", check=False)
+        return result.returncode == 0 or self.state() == "NOT_FOUND"
+
+    def delete_command(self) -> str:
+        kind, force = ("queued-resources", " --force") if self.args.queued else ("tpu-vm", "")
+        return f"gcloud compute tpus {kind} delete {self.args.name} --zone={self.args.zone}{self.project_flag}{force}"

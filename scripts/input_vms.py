@@ -40,9 +40,9 @@ def input_problem(args) -> str | None:
     if count and not accepted("name", last):
         return (f"--name={args.name!r} with --input_vms={count}: the CPU VMs' names ({last}) must be at most 63 "
                 "lowercase letters, digits and hyphens; shorten --name.")
-    if not 0 < args.input_port < 65535:
-        return (f"--input_port={args.input_port}: expected a port from 1 to 65534 (each service's worker listens on "
-                "the next one).")
+    if not 1024 <= args.input_port < 65535:
+        return (f"--input_port={args.input_port}: expected a port from 1024 (lower ones need root; the service runs "
+                "as your SSH user) to 65534 (each service's worker listens on the next one), e.g. 5050.")
     setting = next((arg for arg in args.train_args if _DATA_SERVICE_SET.search(arg)), None)
     if count and setting:
         return (f"the train.py arguments set the tf.data service ({setting!r}), and --input_vms={count} sets "
@@ -69,7 +69,9 @@ class InputVms:
                                        *IMAGE, "--scopes=cloud-platform", check=False)
         if result.returncode:
             raise LauncherError(f"creating the CPU VMs {', '.join(self.names)} failed (gcloud exit "
-                                f"{result.returncode}); see above. Those created are deleted.")
+                                f"{result.returncode}); see above. Those created are deleted, with the TPU. If "
+                                "gcloud said quota (e.g. CPUS), ask for fewer cores (--input_vms, "
+                                "--input_machine_type) or raise the quota (Cloud console, IAM & Admin, Quotas).")
         self.learn_ips()
 
     def learn_ips(self) -> None:
@@ -108,24 +110,37 @@ class InputVms:
         for name in self.names:
             self._start(name)
 
-    def restart_dead(self) -> None:
-        """Before a rerun: starts again every service that no longer runs (its VM rebooted, or it failed)."""
+    def dead(self) -> list[str]:
+        """The VMs whose service no longer runs (no answer over SSH, or its process gone)."""
+        dead = []
         for name in self.names:
             poll = self._poll(name)
-            if poll is not None and poll.alive:
-                continue
-            why = ("no answer over SSH" if poll is None else "its process is gone" if poll.exit_code is None else
-                   f"it exited with {poll.exit_code}")
-            print(f"[tpu_vm] the tf.data service on {name} is not running ({why}): starting it again.", flush=True)
+            if poll is None or not poll.alive:
+                why = ("no answer over SSH" if poll is None else "its process is gone" if poll.exit_code is None
+                       else f"it exited with {poll.exit_code}")
+                print(f"[tpu_vm] the tf.data service on {name} is not running ({why}).", flush=True)
+                dead.append(name)
+        return dead
+
+    def restart_dead(self, dead: list[str] | None = None) -> None:
+        """Before a rerun: starts again every service that no longer runs (its VM rebooted, or it failed); `dead`:
+        those already found dead."""
+        for name in self.dead() if dead is None else dead:
+            print(f"[tpu_vm] starting the tf.data service on {name} again.", flush=True)
             self._start(name)
 
-    def delete(self) -> None:
-        if self.exist:
-            self.gcloud.instances("delete", *self.names, "--quiet", check=False)
+    def delete(self) -> bool:
+        """Deletes the VMs (if this launch created them or was told they exist); False if some still exist, and
+        then `names` are those (a VM that was never made, as after a partly failed create, fails the command)."""
+        if not self.exist or self.gcloud.instances("delete", *self.names, "--quiet", check=False).returncode == 0:
+            return True
+        self.names = [name for name in self.names if self.gcloud.instances(
+            "describe", name, "--format=value(name)", check=False, capture=True, quiet=True).returncode == 0]
+        return not self.names
 
     def delete_command(self) -> str:
-        project = f" --project={self.args.project}" if self.args.project else ""
-        return f"gcloud compute instances delete {' '.join(self.names)} --zone={self.args.zone}{project}"
+        return (f"gcloud compute instances delete {' '.join(self.names)} --zone={self.args.zone}"
+                f"{self.gcloud.project_flag}")
 
     def _poll(self, name: str):
         result = self.gcloud.instance_ssh(name, poll_command(REMOTE_DIR, 0, 0), check=False, capture=True,

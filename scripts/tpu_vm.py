@@ -34,7 +34,6 @@ The exit code is the training command's (0 done, 2 config error, 3 interrupted, 
 failed), 1 if the launch itself failed, 2 for bad launcher flags.
 """
 
-import argparse
 import codecs
 import os
 import shlex
@@ -49,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from common.errors import EXIT_CONFIG_ERROR, EXIT_INTERRUPTED, EXIT_STORAGE_FAILED  # noqa: E402
 from scripts.gcloud import Gcloud, LauncherError, flag_problem  # noqa: E402
 from scripts.input_vms import InputVms, input_problem  # noqa: E402
+from scripts.launcher_flags import parse_args  # noqa: E402
 from scripts.pod_runtime import ALIGN_TPU_SERVER, TPU_RUNTIME_UNIT, pinned_tensorflow, pod_runtime_problem
 from scripts.remote_job import job_script, parse_poll, poll_command, start_command, started_pid, stop_command
 from scripts.source_archive import INSTALL, REMOTE_DIR, select, write_archive  # noqa: E402
@@ -60,39 +60,6 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Rerun: train.py's SIGTERM exit (3), storage failure (6), death by SIGTERM (143, -15); not 1 (a bug), 2 (bad input).
 RETRYABLE_EXIT_CODES = (EXIT_INTERRUPTED, EXIT_STORAGE_FAILED, 143, -15)
 GONE_STATES = ("PREEMPTED", "TERMINATED", "NOT_FOUND")
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = parser.add_argument
-    add("--name", required=True, help="TPU VM name (lowercase letters, digits, hyphens)")
-    add("--zone", required=True, help="e.g. us-central1-b (the bucket should be in its region)")
-    add("--accelerator_type", required=True, help="e.g. v4-8, v5litepod-8, v5p-8, v6e-8, v3-32")
-    add("--version", required=True, help="TPU software version, e.g. tpu-vm-tf-2.x.y[-pod][-pjrt], v2-alpha-tpuv6e")
-    add("--project", default=None, help="GCP project (default: gcloud's)")
-    add("--spot", action="store_true", help="spot capacity (cheaper, can be preempted)")
-    add("--queued", action="store_true", help="create through queued resources: wait for capacity in Google's queue")
-    add("--queue_poll_seconds", type=float, default=30, help="how often to check a queued resource")
-    add("--queue_timeout_minutes", type=float, default=24 * 60, help="give up waiting in the queue (0 = never)")
-    add("--capacity_retries", type=int, default=5, help="retries of a create that found no capacity")
-    add("--retry_seconds", type=float, default=60, help="first wait after a capacity error (doubles each time)")
-    add("--max_restarts", type=int, default=0, help="reruns after an interruption or preemption (they resume)")
-    add("--poll_seconds", type=float, default=15, help="how often to fetch the job's log")
-    add("--ssh_retries", type=int, default=20, help="consecutive failed SSH polls before giving up (TPU kept)")
-    add("--stop_timeout", type=float, default=600, help="seconds to wait for the job to stop after Ctrl-C")
-    add("--tpu_server_image", default=None, help="pods: TPU server image to run on every host (aligns its TF)")
-    add("--input_vms", type=int, default=0, help="CPU VMs to run train.py's tf.data service (DATA_SERVICE) on")
-    add("--input_machine_type", default="n2-standard-16", help="the CPU VMs' machine type, e.g. n2-standard-8")
-    add("--input_port", type=int, default=5050, help="the tf.data service's port on the CPU VMs")
-    add("--include", action="append", default=[], metavar="PATH",
-        help="also send this untracked file or folder (repeatable); by default only the files git tracks are sent")
-    add("--keep", action="store_true", help="do not delete the TPU at the end")
-    add("--skip_create", action="store_true", help="the TPU (and input VMs) exist already (still deleted at the end)")
-    add("--dry_run", action="store_true", help="print the gcloud commands, run nothing")
-    add("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of train.py")
-    args = parser.parse_args(argv)
-    args.train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    return args
 
 
 def install(gcloud: Gcloud, args, pod: bool, files, inputs: InputVms | None = None) -> None:
@@ -123,7 +90,8 @@ def train_command(args, decision, data_service: str | None = None) -> tuple[dict
     with the VM's libtpu path; pods also get TPU_LOAD_LIBRARY=0 from the same decision."""
     train_args = [*args.train_args, f'--gin_param=experiment.tpu_zone="{args.zone}"']  # Bucket region check.
     train_args.append(f'--gin_param=TPU="{args.name}"' if decision.pod else '--gin_param=TPU="local"')
-    train_args += [f"--gin_param=DATA_SERVICE='{data_service}'"] if data_service else []  # The input VMs'.
+    # The input VMs' services, bound to the field itself: it wins over a gin file's binding of the field or the macro.
+    train_args += [f"--gin_param=experiment.data_service='{data_service}'"] if data_service else []
     environment = {"TPU_ACCELERATOR_TYPE": args.accelerator_type,
                    **{key: value for key, value in decision.env.items() if key not in PJRT_ENV}}
     return environment, [".venv/bin/python", "train.py", *train_args]
@@ -214,6 +182,10 @@ def run_jobs(gcloud: Gcloud, args, decision, state: dict, files, inputs: InputVm
         state["job_may_run"] = False
         what = f"exited with {code}" if how == "exited" else f"{how} (no exit code)"
         retryable = code in RETRYABLE_EXIT_CODES or how != "exited" or gone
+        dead = inputs.dead() if code == 1 else []  # train.py's exit 1 when a service died: a rerun resumes.
+        if dead:
+            print(f"[tpu_vm] the job {what}: the tf.data service on {', '.join(dead)} is not running.", flush=True)
+        retryable = retryable or bool(dead)
         if not retryable:
             print(f"[tpu_vm] the job {what}: a failure a rerun would repeat; not restarting.", flush=True)
             return code
@@ -227,12 +199,38 @@ def run_jobs(gcloud: Gcloud, args, decision, state: dict, files, inputs: InputVm
             gcloud.delete()
             gcloud.create()
             install(gcloud, args, decision.pod, files)
-        inputs.restart_dead()
+        inputs.restart_dead(dead or None)
     return EXIT_INTERRUPTED
 
 
+def clean_up(gcloud: Gcloud, inputs: InputVms, args, keep_reason: str | None) -> None:
+    """Deletes the input VMs and the TPU, or says how to: when they are kept, when a delete fails, and on Ctrl-C
+    while deleting. Nothing is left billed without its delete command printed."""
+    deletes = ([(inputs.delete, inputs.delete_command())] if inputs.exist else []) + [
+        (gcloud.delete, gcloud.delete_command())]
+    how = " and ".join(f"`{command}`" for _, command in deletes)
+    if args.keep or keep_reason:
+        print(f"[tpu_vm] keeping {args.name}{' and its input VMs' if inputs.exist else ''}"
+              f"{' (' + keep_reason + ')' if keep_reason else ''}: check it with `gcloud compute tpus tpu-vm ssh "
+              f"{args.name} --zone={args.zone}{gcloud.project_flag} --worker=0`, delete with {how}; billed while "
+              "they exist.", flush=True)
+        return
+    left = []
+    for index, (delete, command) in enumerate(deletes):  # The VMs first: their delete is quick.
+        try:
+            left += [] if delete() else [command]
+        except KeyboardInterrupt:
+            pending = " and ".join(f"`{command}`" for command in left + [command for _, command in deletes[index:]])
+            print(f"\n[tpu_vm] Ctrl-C while deleting: what is not deleted yet is billed; delete it with {pending}.",
+                  file=sys.stderr, flush=True)
+            return
+    if left:
+        print(f"[tpu_vm] a delete failed (gcloud's message above): still billed until deleted with "
+              f"{' and '.join(f'`{command}`' for command in left)}.", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)
     # Ctrl-C (or `kill -INT`) stops the job cleanly even when started from a background shell, which ignores SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -283,16 +281,7 @@ def main(argv: list[str]) -> int:
         code = 1
         keep_reason = "the job may still be running" if state["job_may_run"] else None
     finally:
-        if args.keep or keep_reason:
-            print(f"[tpu_vm] keeping {args.name}{' (' + keep_reason + ')' if keep_reason else ''}: check it with "
-                  f"`gcloud compute tpus tpu-vm ssh {args.name} --zone={args.zone} --worker=0`, delete it with "
-                  f"`gcloud compute tpus {'queued-resources' if args.queued else 'tpu-vm'} delete {args.name} "
-                  f"--zone={args.zone}{' --force' if args.queued else ''}`; it is billed while it exists."
-                  + (f" Its input VMs too: delete them with `{inputs.delete_command()}`." if inputs.exist else ""),
-                  flush=True)
-        else:
-            gcloud.delete()
-            inputs.delete()
+        clean_up(gcloud, inputs, args, keep_reason)
     return code
 
 

@@ -4,6 +4,7 @@ scripts/tpu_vm.py's tests.
 It logs every call to calls.jsonl in $FAKE_GCLOUD_DIR and follows scenario.json there:
 - create (tpu-vm or queued-resources): fails with the next message of `create_errors`, if any (exit 1);
 - queued-resources describe: the next state of `queued_states` (then ACTIVE);
+- tpu-vm delete: takes `tpu_delete_seconds` (default 0);
 - tpu-vm describe: the TPU's state (state.txt: READY after a create; PREEMPTED after a simulated preemption);
 - tpu-vm scp: copies the archive to $FAKE_GCLOUD_DIR/home/ under the name it is given (`NAME:~/FILE`), as the
   real scp delivers it to each worker's home, so tests can read what was sent;
@@ -15,7 +16,8 @@ It logs every call to calls.jsonl in $FAKE_GCLOUD_DIR and follows scenario.json 
   $FAKE_GCLOUD_DIR/input-homes/NAME; with `instances_create_error` in the scenario, only the first
   `instances_created` (default 0) are created and the command fails with that message (exit 1);
 - instances describe NAME: its IP (NOT_FOUND if it does not exist); instances delete NAME...: kills what runs in
-  their homes (as deleting a VM does) and removes them;
+  their homes (as deleting a VM does) and removes them (with "instances" in `delete_fails`: exit 1, nothing
+  deleted);
 - compute scp / compute ssh NAME: as tpu-vm scp / ssh, in that VM's home; the install command creates the
   virtualenv's `.venv/bin/python`: a fake `python -m data.service` (FAKE_SERVICE, below).
 """
@@ -26,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 # train.py on the fake worker: records the arguments it received (home/argv-N.json for attempt N), prints `lines`
 # steps `seconds` apart, then exits with `exit` (or kills itself with SIGTERM for "sigterm"); SIGTERM while running
@@ -187,6 +190,9 @@ def _compute(verb: str, argv: list[str], scenario: dict) -> int:
     missing = [name for name in targets if name not in instances]
     for name in missing:
         print(f"ERROR: (gcloud.compute.{verb}) NOT_FOUND: The resource '{name}' was not found", file=sys.stderr)
+    if verb == "delete" and "instances" in scenario.get("delete_fails", []):
+        print("ERROR: (gcloud.compute.instances.delete) The resource is not ready", file=sys.stderr)
+        return 1
     if verb == "delete":  # The others are deleted all the same.
         for name in targets:
             kill_jobs(_input_home(name))
@@ -245,6 +251,7 @@ def main(argv: list[str]) -> int:
         shutil.copyfile(source, os.path.join(os.environ["FAKE_GCLOUD_DIR"], "home", target))
         return 0
     if verb == "delete":
+        time.sleep(scenario.get("tpu_delete_seconds", 0))
         _set_state("DELETED")
     return 0
 

@@ -52,6 +52,17 @@ def test_error_messages_name_exactly_the_macros_base_gin_defines():
     assert setting("checkpoints_to_keep") == "experiment.checkpoints_to_keep" and setting("seed") == "SEED"
 
 
+def test_a_field_bound_directly_wins_over_its_macro_which_is_then_not_an_unknown_macro():
+    """experiment.train_steps=5 is gin's own way to set the field TRAIN_STEPS feeds; base.gin's macro is then
+    unreferenced, and that is not the user's typo (the misspelt and unknown macros stay refused: test_input_errors)."""
+    from training import experiment
+
+    config_files.parse([os.path.join(REPO_ROOT, "configs", "default.gin")],
+                       ["experiment.train_steps = 5", "experiment.data_service = 'local:2'"], search_path=REPO_ROOT)
+    config = experiment.experiment()
+    assert (config.train_steps, config.data_service) == (5, "local:2")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda path: os.path.relpath(path, REPO_ROOT))
 def test_every_experiment_runs_two_loops(path, tmp_path, data_dir):

@@ -195,6 +195,22 @@ def test_the_service_command_refuses_a_bad_port_or_host(flags, message):
     assert "Traceback" not in result.stderr
 
 
+def test_a_port_below_1024_is_refused_as_needing_root(monkeypatch, capsys):
+    """As a user other than root (this suite runs as root, which may bind them: the OS's refusal is stood in for)."""
+    import socket
+
+    from data import service
+
+    def refuse(self, address):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    with pytest.raises(SystemExit) as ended:
+        service.main(["--port=80"])
+    assert ended.value.code == 2
+    assert "port 80 is below 1024, which only root may listen on: pick another --port" in capsys.readouterr().err
+
+
 def test_the_worker_listens_on_the_port_it_is_given():
     """--worker_port (what the TPU launcher's firewall note relies on: runs reach the dispatcher and the worker)."""
     from data import service

@@ -10,6 +10,9 @@ import base64
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,10 +20,11 @@ import pytest
 from data.service import parse
 from scripts.input_vms import MAX_INPUT_VMS
 from scripts.pod_runtime import pinned_tensorflow
-from tests.tpu_vm_runs import TRAIN_ARGS, commands, job_script, launch
+from tests.helpers import REPO_ROOT
+from tests.tpu_vm_runs import FAST, SCRIPT, TRAIN_ARGS, commands, job_script, launch
 
 VMS = ["my-tpu-input-0", "my-tpu-input-1"]
-EXPECTED = "--gin_param=DATA_SERVICE='grpc://10.128.0.2:5050,grpc://10.128.0.3:5050'"
+EXPECTED = "--gin_param=experiment.data_service='grpc://10.128.0.2:5050,grpc://10.128.0.3:5050'"
 
 
 def _fold(verbs: list[str]) -> list[str]:
@@ -68,7 +72,7 @@ def _instances(cloud) -> dict:
 
 
 def _data_service(argv: list[str]) -> list[str]:
-    return [arg for arg in argv if "DATA_SERVICE" in arg]
+    return [arg for arg in argv if "DATA_SERVICE" in arg.upper()]
 
 
 def test_a_dry_run_prints_the_input_vms_their_install_their_services_and_data_service():
@@ -99,9 +103,9 @@ def test_a_dry_run_prints_the_input_vms_their_install_their_services_and_data_se
         assert script.startswith(f"{command} '--host=<internal-IP-of-{name}>' &")
         assert f"starting the tf.data service on {name}: {command}" in result.stdout
     placeholders = ",".join(f"grpc://<internal-IP-of-{name}>:5050" for name in VMS)
-    assert f"DATA_SERVICE='\"'\"'{placeholders}'\"'\"'" in job_script(result.stdout)
-    assert printed[-2:] == [f"gcloud compute tpus tpu-vm delete my-tpu {base} --quiet",
-                            f"gcloud compute instances delete {' '.join(VMS)} --quiet {base}"]
+    assert f"experiment.data_service='\"'\"'{placeholders}'\"'\"'" in job_script(result.stdout)
+    assert printed[-2:] == [f"gcloud compute instances delete {' '.join(VMS)} --quiet {base}",
+                            f"gcloud compute tpus tpu-vm delete my-tpu {base} --quiet"]
 
 
 def test_train_py_gets_the_services_of_the_input_vms_which_are_deleted_with_the_tpu(fake_gcloud):
@@ -121,7 +125,7 @@ def test_train_py_gets_the_services_of_the_input_vms_which_are_deleted_with_the_
             assert sent.read() == tpus.read()  # The TPU's archive.
         assert _gone(_service_pid(fake_gcloud, name))  # Gone with its VM.
     assert _fold(verbs) == ["tpu-vm:create", "instances:create", "instances:describe", "tpu-vm:scp", "compute:scp",
-                            "tpu-vm:ssh", "compute:ssh", "tpu-vm:ssh", "tpu-vm:delete", "instances:delete"]
+                            "tpu-vm:ssh", "compute:ssh", "tpu-vm:ssh", "instances:delete", "tpu-vm:delete"]
     assert _instances(fake_gcloud) == {}
     delete = [call for call in _calls(fake_gcloud) if call[:3] == ["compute", "instances", "delete"]]
     assert delete == [["compute", "instances", "delete", *VMS, "--quiet", "--zone", "us-central1-a"]]
@@ -135,7 +139,7 @@ def test_a_service_that_fails_to_start_ends_the_launch_before_training_and_delet
     assert "    error: the fake tf.data service failed (service_plan)" in result.stderr  # Its log's end.
     assert not os.path.exists(os.path.join(fake_gcloud.env["FAKE_GCLOUD_DIR"], "home", "argv-0.json"))
     assert verbs.count("tpu-vm:ssh") == 1  # The install only: train.py never started.
-    assert verbs[-2:] == ["tpu-vm:delete", "instances:delete"] and _instances(fake_gcloud) == {}
+    assert verbs[-2:] == ["instances:delete", "tpu-vm:delete"] and _instances(fake_gcloud) == {}
     assert _gone(_service_pid(fake_gcloud, "my-tpu-input-0"))
 
 
@@ -145,8 +149,10 @@ def test_a_partly_failed_create_of_the_input_vms_deletes_those_made_and_the_tpu(
     result, verbs = fake_gcloud(scenario, [{"lines": 3, "exit": 0}], "--input_vms=2")
     assert result.returncode == 1 and "Quota 'CPUS' exceeded" in result.stderr
     assert "creating the CPU VMs my-tpu-input-0, my-tpu-input-1 failed (gcloud exit 1)" in result.stderr
-    assert verbs == ["tpu-vm:create", "instances:create", "tpu-vm:delete", "instances:delete"]
-    assert _instances(fake_gcloud) == {}
+    assert verbs == ["tpu-vm:create", "instances:create", "instances:delete", "instances:describe",
+                     "instances:describe", "tpu-vm:delete"]  # The delete failed on the VM never made: checked.
+    assert _instances(fake_gcloud) == {} and "still billed" not in result.stderr
+    assert "ask for fewer cores (--input_vms, --input_machine_type) or raise the quota" in result.stderr
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -157,6 +163,7 @@ def test_a_partly_failed_create_of_the_input_vms_deletes_those_made_and_the_tpu(
     (["--input_machine_type=n2-standard-8;touch x"], "--input_machine_type='n2-standard-8;touch x': expected"),
     (["--input_machine_type=--project=other"], "--input_machine_type='--project=other': expected"),
     (["--input_port=0"], "--input_port=0: expected a port"),
+    (["--input_port=80"], "lower ones need root"),
     (["--input_port=65535"], "each service's worker listens on the next one"),
     (["--", "--gin_param=DATA_SERVICE='grpc://10.0.0.5:5050'"], "DATA_SERVICE to its CPU VMs' services: drop"),
     (["--", "--gin_param", "experiment.data_service = 'local'"], "the train.py arguments set the tf.data service"),
@@ -178,13 +185,20 @@ def test_the_limits_of_the_input_vm_flags_are_accepted():
         assert result.returncode == 0, result.stderr
 
 
-def test_a_rerun_first_restarts_a_service_that_died_and_gets_the_same_data_service(fake_gcloud):
-    """Attempt 0 ends with exit 3 after my-tpu-input-1's service was killed (its VM rebooted): the service is
-    started again before the rerun, which resumes with the same DATA_SERVICE."""
-    plan = [{"lines": 3, "exit": 3, "kill_services": ["my-tpu-input-1"]}, {"lines": 2, "exit": 0}]
+@pytest.mark.parametrize("killed", [["my-tpu-input-1"], []])
+def test_a_job_that_failed_because_a_service_died_is_rerun_once_the_service_runs_again(fake_gcloud, killed):
+    """Attempt 0 ends as train.py does when a service dies (exit 1) after my-tpu-input-1's service was killed (its VM
+    rebooted): that service is started again before the rerun, which resumes with the same DATA_SERVICE. Negative
+    control: exit 1 with every service running is a failure a rerun would repeat."""
+    plan = [{"lines": 3, "exit": 1, "kill_services": killed}, {"lines": 2, "exit": 0}]
     result, verbs = fake_gcloud({}, plan, "--input_vms=2", "--max_restarts=1")
+    if not killed:
+        assert result.returncode == 1 and "a failure a rerun would repeat; not restarting" in result.stdout
+        assert not [name for name in VMS if os.path.exists(_vm(fake_gcloud, name, "service-argv-1.json"))]
+        return
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "service on my-tpu-input-1 is not running (its process is gone): starting it again" in result.stdout
+    assert "the tf.data service on my-tpu-input-1 is not running (its process is gone)" in result.stdout
+    assert "starting the tf.data service on my-tpu-input-1 again" in result.stdout
     assert "my-tpu-input-0 is not running" not in result.stdout
     assert not os.path.exists(_vm(fake_gcloud, "my-tpu-input-0", "service-argv-1.json"))  # Left running.
     assert _json(_vm(fake_gcloud, "my-tpu-input-1", "service-argv-1.json")) == [
@@ -195,7 +209,59 @@ def test_a_rerun_first_restarts_a_service_that_died_and_gets_the_same_data_servi
               if "setsid nohup" in call[-1] and call[1] in ("ssh", "tpus")]
     where = [_calls(fake_gcloud)[index][2] for index in starts]  # compute ssh NAME / compute tpus tpu-vm ...
     assert where == ["my-tpu-input-0", "my-tpu-input-1", "tpu-vm", "my-tpu-input-1", "tpu-vm"]
-    assert verbs[-2:] == ["tpu-vm:delete", "instances:delete"]
+    assert verbs[-2:] == ["instances:delete", "tpu-vm:delete"]
+
+
+def test_the_launchers_data_service_wins_over_a_gin_files_binding(fake_gcloud, tmp_path):
+    """train.py's arguments as the worker received them, parsed by train.py's own parser with a gin file that binds
+    experiment.data_service itself (the launcher cannot read a file on the VM): the input VMs' services win."""
+    from training import config_files, experiment
+
+    fake_gcloud({}, [{"lines": 1, "exit": 0}], "--input_vms=2")
+    argv = _json(os.path.join(fake_gcloud.env["FAKE_GCLOUD_DIR"], "home", "argv-0.json"))
+    gin_file = tmp_path / "own.gin"
+    gin_file.write_text("include 'configs/default.gin'\nexperiment.data_service = 'local:2'\n")
+    params = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--gin_param=")]
+    try:
+        config_files.parse([str(gin_file)], params, search_path=REPO_ROOT)
+        assert experiment.experiment().data_service == EXPECTED.split("=", 2)[2].strip("'")
+    finally:
+        import gin
+
+        gin.clear_config()
+
+
+def test_ctrl_c_while_deleting_names_what_is_not_deleted_yet(fake_gcloud):
+    """The input VMs are deleted (first, quickly); Ctrl-C during the TPU's delete (minutes on Google Cloud): no
+    traceback, and the TPU's delete command is printed."""
+    fake_gcloud.write({"tpu_delete_seconds": 30}, [{"lines": 1, "exit": 0}])
+    process = subprocess.Popen([sys.executable, SCRIPT, "--name=my-tpu", "--zone=us-central1-a", "--input_vms=1",
+                                "--accelerator_type=v6e-1", "--version=v2-alpha-tpuv6e", *FAST, *TRAIN_ARGS],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **fake_gcloud.env})
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("+ gcloud compute tpus tpu-vm delete"):
+            time.sleep(1)  # In the delete's subprocess.
+            process.send_signal(signal.SIGINT)
+            break
+    output = "".join(lines) + process.stdout.read()
+    process.wait(timeout=60)
+    assert "Traceback" not in output and "+ gcloud compute instances delete my-tpu-input-0" in output, output
+    assert ("Ctrl-C while deleting: what is not deleted yet is billed; delete it with `gcloud compute tpus tpu-vm "
+            "delete my-tpu --zone=us-central1-a`.") in output, output
+    assert _instances(fake_gcloud) == {}
+
+
+def test_a_failed_delete_names_what_is_still_billed(fake_gcloud):
+    result, verbs = fake_gcloud({"delete_fails": ["instances"]}, [{"lines": 1, "exit": 0}], "--input_vms=2")
+    assert result.returncode == 0, result.stderr  # The job's code: it succeeded.
+    assert verbs[-4:] == ["instances:delete", "instances:describe", "instances:describe", "tpu-vm:delete"]
+    assert set(_instances(fake_gcloud)) == set(VMS)
+    assert ("a delete failed (gcloud's message above): still billed until deleted with `gcloud compute instances "
+            f"delete {' '.join(VMS)} --zone=us-central1-a`.") in result.stderr, result.stderr
+    assert "tpus tpu-vm delete" not in result.stderr  # The TPU's delete went through.
 
 
 def test_kept_input_vms_are_named_with_their_delete_command_and_a_skip_create_launch_restarts_their_services(
@@ -203,8 +269,10 @@ def test_kept_input_vms_are_named_with_their_delete_command_and_a_skip_create_la
     result, verbs = fake_gcloud({}, [{"lines": 2, "exit": 0}], "--input_vms=2", "--keep")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert not [verb for verb in verbs if verb.endswith(":delete")] and set(_instances(fake_gcloud)) == set(VMS)
-    assert (f"Its input VMs too: delete them with `gcloud compute instances delete {' '.join(VMS)} "
-            "--zone=us-central1-a`." in result.stdout)
+    assert ("keeping my-tpu and its input VMs: check it with `gcloud compute tpus tpu-vm ssh my-tpu "
+            "--zone=us-central1-a --worker=0`, delete with `gcloud compute instances delete "
+            f"{' '.join(VMS)} --zone=us-central1-a` and `gcloud compute tpus tpu-vm delete my-tpu "
+            "--zone=us-central1-a`; billed while they exist." in result.stdout), result.stdout
     first = {name: _service_pid(fake_gcloud, name) for name in VMS}
     assert all(map(_running, first.values()))  # Still serving, as the kept TPU could use them.
     again, verbs = fake_gcloud({}, [{"lines": 2, "exit": 0}], "--input_vms=2", "--skip_create", fresh=False)
@@ -214,7 +282,7 @@ def test_kept_input_vms_are_named_with_their_delete_command_and_a_skip_create_la
         assert _gone(first[name]) and os.path.exists(_vm(fake_gcloud, name, "service-argv-1.json"))
     home = os.path.join(fake_gcloud.env["FAKE_GCLOUD_DIR"], "home")
     assert _data_service(_json(os.path.join(home, "argv-0.json"))) == [EXPECTED]
-    assert verbs[-2:] == ["tpu-vm:delete", "instances:delete"] and _instances(fake_gcloud) == {}
+    assert verbs[-2:] == ["instances:delete", "tpu-vm:delete"] and _instances(fake_gcloud) == {}
 
 
 def test_the_cpu_vms_tensorflow_is_the_tpus():

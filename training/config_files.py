@@ -14,6 +14,7 @@ import re
 import gin
 
 from common.errors import ConfigError
+from common.settings import MACRO_FIELDS
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # Where `include 'configs/...'` is found.
 DEFAULT_GIN_FILE = "configs/default.gin"  # The offline digits experiment: what train.py runs with no --gin_file.
@@ -125,7 +126,9 @@ def read_gin_text(path: str, *, included_by: str | None = None) -> str:
 
 
 def _check_macros_used() -> None:
-    """A ConfigError for a macro bound but never referenced as %NAME: a typo or a setting that does nothing."""
+    """A ConfigError for a macro bound but never referenced as %NAME: a typo or a setting that does nothing. The
+    shipped macros of experiment's fields (configs/base.gin) are left alone: one goes unreferenced when its field is
+    bound directly (experiment.train_steps=5), which is gin's own way and wins."""
     bound = {scope for scope, selector in gin.config._CONFIG if selector == "gin.macro"}
     referenced = set()
 
@@ -141,7 +144,7 @@ def _check_macros_used() -> None:
                 walk(item)
 
     walk(list(gin.config._CONFIG.values()))
-    unknown = sorted(bound - referenced)
+    unknown = sorted(name for name in bound - referenced if name.lower() not in MACRO_FIELDS)
     if unknown:
         known = sorted(referenced)
         hints = [f"{name} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(name, known, n=1))
