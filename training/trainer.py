@@ -16,6 +16,7 @@ import tensorflow as tf
 from common.errors import ConfigError
 from data import builders, device_split, pipeline, service
 from data.registry import bind_task, get_dataset_spec
+from models import batch_norm_sync
 from models.registry import MODELS, get_model_builder
 from tasks.augmentation import by_name as augmentation
 from tpu_utils import loop
@@ -62,6 +63,7 @@ class Trainer:
         # --preflight builds TPU configs on virtual CPUs: the config's strategy says where it will run.
         self.on_tpu = config.strategy == "tpu" or isinstance(strategy, tf.distribute.TPUStrategy)
         model_builder = get_model_builder(config.model)  # An unknown MODEL: exit 2 before the data is prepared.
+        batch_norm_sync.install()  # Synchronized BatchNormalization traced in linear time (models/batch_norm_sync.py).
         self._prepare_data(training=training)
         # The build sets Keras' dtype policy and the seeds for itself only (same SEED -> same initial weights).
         with seeded_build(config.precision, config.seed), strategy.scope():
