@@ -29,9 +29,10 @@ READY = "tf.data service at grpc://"  # What `python -m data.service` prints onc
 START_SECONDS = 600  # The longest wait for a service to say it serves (TensorFlow's import on a fresh VM included).
 _IP = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 _DATA_SERVICE_SET = re.compile(r"\b(?:DATA_SERVICE|experiment\.data_service)\s*=")
+_LOCAL_SERVICE = re.compile(r"\b(?:DATA_SERVICE|experiment\.data_service)\s*=\s*['\"]local")
 
 
-def input_problem(args) -> str | None:
+def input_problem(args, *, pod: bool) -> str | None:
     """What is wrong with --input_vms and the train.py arguments that go with it, or None."""
     count = args.input_vms
     if not 0 <= count <= MAX_INPUT_VMS:
@@ -47,6 +48,11 @@ def input_problem(args) -> str | None:
     if count and setting:
         return (f"the train.py arguments set the tf.data service ({setting!r}), and --input_vms={count} sets "
                 "DATA_SERVICE to its CPU VMs' services: drop that argument, or drop --input_vms.")
+    local = next((arg for arg in args.train_args if _LOCAL_SERVICE.search(arg)), None)
+    if pod and local:
+        return (f"{args.accelerator_type} is a pod slice and the train.py arguments start tf.data services in "
+                f"train.py's process ({local!r}), which the slice's other hosts cannot reach (train.py refuses it): "
+                "use --input_vms=N instead.")
     return None
 
 

@@ -238,18 +238,14 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: --accelerator_type={args.accelerator_type!r}: {error}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    problem = flag_problem(args) or input_problem(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
     decision = decide(RuntimeFacts(accelerator_type=args.accelerator_type, accelerator_type_source="--accelerator_type",
                                    libtpu_path="<the VM's site-packages>/libtpu/libtpu.so"))
-    print(f"[tpu_vm] {decision.summary()} (set on the VM by train.py's start-up)", flush=True)
-    problem = decision.pod and pod_runtime_problem(args.accelerator_type, args.version, pinned_tensorflow(),
-                                                   args.tpu_server_image)
+    problem = flag_problem(args) or input_problem(args, pod=decision.pod) or (decision.pod and pod_runtime_problem(
+        args.accelerator_type, args.version, pinned_tensorflow(), args.tpu_server_image))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    print(f"[tpu_vm] {decision.summary()} (set on the VM by train.py's start-up)", flush=True)
     gcloud, state, code, keep_reason = Gcloud(args), {"job_may_run": False, "attempt": 0, "offset": 0}, 1, None
     inputs = InputVms(gcloud, args)
     try:  # A command too long for SSH: ValueError.

@@ -175,6 +175,19 @@ def test_bad_input_vm_flags_stop_before_any_gcloud_command(fake_gcloud, flags, e
     assert expected in result.stderr, result.stderr
 
 
+def test_local_services_on_a_pod_slice_are_refused_before_anything_is_created():
+    """train.py refuses DATA_SERVICE='local' on a pod slice (its other hosts cannot reach this host's loopback): the
+    launcher says so before creating the slice. A single host and grpc:// services on a pod pass (positive controls)."""
+    local = ["--", "--gin_param=DATA_SERVICE='local:2'"]
+    pod = ["--accelerator_type=v3-32", "--version=tpu-vm-tf-2.20.0-pod", "--dry_run"]
+    refused = launch(*pod, *local)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: v3-32 is a pod slice"), refused.stderr
+    assert "use --input_vms=N instead" in refused.stderr and "+ gcloud" not in refused.stdout
+    for flags in ([*pod, "--", "--gin_param=DATA_SERVICE='grpc://10.0.0.5:5050'"],
+                  ["--accelerator_type=v4-8", "--version=tpu-vm-tf-2.18.0-pjrt", "--dry_run", *local]):
+        assert launch(*flags).returncode == 0, flags
+
+
 def test_the_limits_of_the_input_vm_flags_are_accepted():
     """Positive controls of the refusals above: the longest name, the most VMs, another machine type, and DATA_SERVICE
     in the train.py arguments when the launcher does not set it."""
