@@ -13,7 +13,8 @@ keras pinned in requirements-common.txt) with the same arithmetic whose sums go 
 all-reduce on inputs cut from the graph (`tf.stop_gradient`, where the walk stops at once) and the same gradient as
 TensorFlow's (the gradient of a sum over replicas is the sum of the upstream gradients over replicas). Same values,
 same gradients (tests/test_batch_norm_sync.py compares both bit for bit); the step above traces in 27 s. TPUStrategy
-and MultiWorkerMirroredStrategy reduce without merge_call (no walk through other replicas), and get the same values.
+and MultiWorkerMirroredStrategy reduce without merge_call (they never walked the other replicas) and run the same
+sums through this function (on a TPU: unverified, none here).
 """
 
 _REPLACED = {}  # Keras's own _compute_moments_sync, once install() has replaced it (tests compare with it).
