@@ -88,8 +88,10 @@ class InputVms:
             if self.args.dry_run:
                 continue
             if result.returncode or not _IP.fullmatch(ip):
+                hint = (" With --skip_create the input VMs must exist: give the --input_vms of the --keep launch "
+                        "that made them, or drop --skip_create." if self.args.skip_create else "")
                 raise LauncherError(f"the internal IP of {name} is unknown (gcloud exit {result.returncode}: "
-                                    f"{((result.stdout or '') + (result.stderr or '')).strip()[-300:]!r}).")
+                                    f"{((result.stdout or '') + (result.stderr or '')).strip()[-300:]!r}).{hint}")
             self.ips[name] = ip
 
     def send(self, archive: str) -> None:
@@ -110,7 +112,6 @@ class InputVms:
         """Starts the service on every VM (after stopping the one a --keep launch left running) and waits until
         each serves."""
         if self.names and self.args.skip_create:
-            self.learn_ips()
             for name in self.names:
                 self._stop(name)
         for name in self.names:

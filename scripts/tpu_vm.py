@@ -259,6 +259,8 @@ def main(argv: list[str]) -> int:
         if not args.skip_create:
             gcloud.create()
             inputs.create()  # Once the TPU exists: its capacity is the scarce part.
+        elif inputs.names:
+            inputs.learn_ips()  # They exist (a --keep launch made them): checked before anything is sent.
         install(gcloud, args, decision.pod, files, inputs)
         inputs.start_all()
         code = run_jobs(gcloud, args, decision, state, files, inputs)

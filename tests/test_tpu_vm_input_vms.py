@@ -298,6 +298,16 @@ def test_kept_input_vms_are_named_with_their_delete_command_and_a_skip_create_la
     assert verbs[-2:] == ["instances:delete", "tpu-vm:delete"] and _instances(fake_gcloud) == {}
 
 
+def test_skip_create_with_more_input_vms_than_were_kept_says_so_before_sending_anything(fake_gcloud):
+    kept, _ = fake_gcloud({}, [{"lines": 1, "exit": 0}], "--input_vms=2", "--keep")
+    assert kept.returncode == 0, kept.stdout[-3000:] + kept.stderr[-3000:]
+    again, verbs = fake_gcloud({}, [{"lines": 1, "exit": 0}], "--input_vms=3", "--skip_create", fresh=False)
+    assert again.returncode == 1 and "the internal IP of my-tpu-input-2 is unknown" in again.stderr, again.stderr
+    assert "give the --input_vms of the --keep launch that made them, or drop --skip_create" in again.stderr
+    assert not [verb for verb in verbs if verb.endswith(":scp")]  # Nothing sent.
+    assert _instances(fake_gcloud) == {}  # The two kept VMs deleted with the TPU (the third never existed).
+
+
 def test_the_cpu_vms_tensorflow_is_the_tpus():
     """The TPU's client and the CPU VMs' tf.data workers speak the service's protocol: one TensorFlow version."""
     assert pinned_tensorflow("requirements.txt", "tensorflow-cpu") == pinned_tensorflow("requirements-tpu.txt",
