@@ -6,7 +6,8 @@ Engine VMs `NAME-input-0..N-1` in the TPU's zone once the TPU exists (TPU capaci
 TPU may wait for hours), sends them the TPU's archive, installs requirements.txt (CPU TensorFlow, the same version
 as the TPU's: client and workers speak one protocol), starts `python -m data.service --port=PORT
 --worker_port=PORT+1 --host=INTERNAL_IP` detached on each (scripts/remote_job.py, attempt 0 in each VM's
-~/tpu-template/job/) and waits until each says it serves. train.py gets DATA_SERVICE with their addresses. Before a
+~/tpu-template/job/) and waits until each says it serves. train.py gets experiment.data_service with their
+addresses. Before a
 rerun, a service that is no longer running (its VM rebooted) is started again. The VMs are deleted with the TPU and
 kept with it.
 
@@ -29,7 +30,7 @@ READY = "tf.data service at grpc://"  # What `python -m data.service` prints onc
 START_SECONDS = 600  # The longest wait for a service to say it serves (TensorFlow's import on a fresh VM included).
 _IP = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 _DATA_SERVICE_SET = re.compile(r"\b(?:DATA_SERVICE|experiment\.data_service)\s*=")
-_LOCAL_SERVICE = re.compile(r"\b(?:DATA_SERVICE|experiment\.data_service)\s*=\s*['\"]local")
+_LOCAL_SERVICE = re.compile(_DATA_SERVICE_SET.pattern + r"\s*['\"]local")
 
 
 def input_problem(args, *, pod: bool) -> str | None:
