@@ -7,9 +7,8 @@ TPU may wait for hours), sends them the TPU's archive, installs requirements.txt
 as the TPU's: client and workers speak one protocol), starts `python -m data.service --port=PORT
 --worker_port=PORT+1 --host=INTERNAL_IP` detached on each (scripts/remote_job.py, attempt 0 in each VM's
 ~/tpu-template/job/) and waits until each says it serves. train.py gets experiment.data_service with their
-addresses. Before a
-rerun, a service that is no longer running (its VM rebooted) is started again. The VMs are deleted with the TPU and
-kept with it.
+addresses. Before a rerun, a service that is no longer running (its VM rebooted) is started again. The VMs are
+deleted with the TPU and kept with it.
 
 Their scope is cloud-platform, so the services read a gs:// DATA_DIR as the VMs' service account. The TPU VM reaches
 them at their internal IPs on PORT and PORT+1: the network must allow it (the default network's
