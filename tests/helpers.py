@@ -57,7 +57,7 @@ def call_in_process(entry, entry_argv: list[str], argv: list[str], cwd: str | No
     handler.setFormatter(logging.Formatter(PROGRESS_FORMAT, datefmt=PROGRESS_TIME_FORMAT))
     root = logging.getLogger()
     environment, directory = dict(os.environ), os.getcwd()
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
     root.addHandler(handler)
     os.chdir(cwd or REPO_ROOT)
     try:
