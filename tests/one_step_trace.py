@@ -86,10 +86,11 @@ def trace_default_run(model_dir: str) -> dict:
         return first_call_traced
 
     loop.make_train_loop = traced_make_train_loop
-    # One loop of 10 steps, the traced one (the step's lines and the modules loaded are those of a longer run: a
-    # second, compiled loop would only add its compile time), then the run's end: evaluation and export.
-    code = train.main(["train.py", f"--model_dir={model_dir}", "--gin_param=TRAIN_STEPS=10",
-                       "--gin_param=cosine.warmup_steps=5", "--gin_param=STEPS_PER_LOOP=10", "--gin_param=EVAL_EVERY=0",
+    # One loop of 2 steps, the traced one (the step's lines and the modules loaded are those of a longer run: 10 steps
+    # gave the same record, 5 s later; a second, compiled loop would only add its compile time), then the run's end:
+    # evaluation and export.
+    code = train.main(["train.py", f"--model_dir={model_dir}", "--gin_param=TRAIN_STEPS=2",
+                       "--gin_param=cosine.warmup_steps=1", "--gin_param=STEPS_PER_LOOP=2", "--gin_param=EVAL_EVERY=0",
                        "--gin_param=CHECKPOINT_EVERY=0"])
     if code != 0:
         raise SystemExit(f"the default run exited {code}")
