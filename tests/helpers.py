@@ -158,6 +158,31 @@ def run_module(module: str, *args: str, timeout: float = 300, process: bool = Fa
     return call_in_process(main, argv if with_program_name else list(args), argv)
 
 
+_TRAINED_WEIGHTS = {}  # trainer_with_trained_weights: {(config at 1 replica, steps): the weights}
+
+
+def trainer_with_trained_weights(config, replicas: int, steps: int):
+    """A Trainer of `config` (an ExperimentConfig) on `replicas` mirrored replicas holding the weights that `steps`
+    steps of training on one replica give, trained once per config and steps in this worker. For tests of
+    evaluation at several replica counts: they need a partly trained model, not the N-replica training trace (most
+    of such a test's time) that training it again at each count costs; training at any count gives the same weights
+    (tests/test_replica_invariance.py)."""
+    import dataclasses
+
+    from tpu_utils.strategy import make_strategy
+    from training.trainer import Trainer
+
+    one_replica = dataclasses.replace(config, virtual_devices=1)
+    key = (repr(one_replica), steps)
+    if key not in _TRAINED_WEIGHTS:
+        reference = Trainer(one_replica, make_strategy("mirrored", virtual_devices=1))
+        reference.train(reference.train_iterator(), steps)
+        _TRAINED_WEIGHTS[key] = reference.model.get_weights()
+    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
+    trainer.model.set_weights(_TRAINED_WEIGHTS[key])
+    return trainer
+
+
 def litert_runner(model_path: str):
     """The serving_default signature runner of a .tflite file in LiteRT's own interpreter (`ai_edge_litert`, the
     package docs/serving.md names; requirements-dev.txt installs it), as an app or server would load the file."""

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from helpers import trainer_with_trained_weights
 from tpu_utils.strategy import make_strategy
 from training.trainer import Trainer
 
@@ -44,8 +45,7 @@ def _numpy_metrics(trainer: Trainer, chunk: int) -> dict:
 def test_eval_metrics_equal_numpy_over_the_whole_split(small_config, replicas):
     config = small_config(model="cnn", strategy="mirrored", virtual_devices=replicas, eval_batch_size=EVAL_BATCH,
                           global_batch_size=48)
-    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
-    trainer.train(trainer.train_iterator(), 40)  # A partly trained model: per-example losses spread out.
+    trainer = trainer_with_trained_weights(config, replicas, 40)  # Partly trained: per-example losses spread out.
     evaluation = trainer.evaluate()
     expected = _numpy_metrics(trainer, chunk=EVAL_BATCH // replicas)
     assert 0.5 * expected["count"] < expected["surely_correct"] < expected["count"]

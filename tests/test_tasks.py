@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from common.errors import ConfigError
-from helpers import run_train_py, shipped_config
+from helpers import run_train_py, shipped_config, trainer_with_trained_weights
 from tpu_utils.strategy import make_strategy
 from training.trainer import Trainer
 
@@ -73,8 +73,8 @@ def test_classification_metrics_equal_numpy_over_the_whole_split(data_dir, repli
     config = shipped_config(CLASSIFICATION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=24",
                             "STRATEGY='mirrored'", f"VIRTUAL_DEVICES={replicas}",
                             "experiment.metrics=['accuracy', 'auc', 'precision', 'recall', 'top_1_accuracy']")
-    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
-    trainer.train(trainer.train_iterator(), 60)  # Partly trained: some errors, so every metric can be wrong.
+    # Partly trained: some errors, so every metric can be wrong.
+    trainer = trainer_with_trained_weights(config, replicas, 60)
     evaluation = trainer.evaluate()
     rows = tfds.as_numpy(trainer.builder.as_dataset(split="test", batch_size=-1))
     logits = trainer.model(trainer.task.preprocess(rows["features"]), training=False).numpy().astype(np.float64)
@@ -91,8 +91,7 @@ def test_classification_metrics_equal_numpy_over_the_whole_split(data_dir, repli
 def test_regression_metrics_equal_numpy_over_the_whole_split(data_dir, replicas):
     config = shipped_config(REGRESSION, "GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=48",
                             "STRATEGY='mirrored'", f"VIRTUAL_DEVICES={replicas}")
-    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
-    trainer.train(trainer.train_iterator(), 50)
+    trainer = trainer_with_trained_weights(config, replicas, 50)
     evaluation = trainer.evaluate()
     rows = tfds.as_numpy(trainer.builder.as_dataset(split="test", batch_size=-1))
     predictions = trainer.model(trainer.task.preprocess(rows["features"]), training=False).numpy()[:, 0]

@@ -20,7 +20,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from data import registry as data_registry
-from helpers import REPO_ROOT, checkpoint_values, run_train_py, shipped_config
+from helpers import REPO_ROOT, checkpoint_values, run_train_py, shipped_config, trainer_with_trained_weights
 from models import transformer as transformer_module
 from tasks.text_classification import TextClassification
 from tpu_utils.strategy import make_strategy
@@ -106,8 +106,8 @@ def test_eval_metrics_equal_numpy_over_the_whole_split(data_dir, replicas):
     sequences, which count in nothing."""
     config = _shipped("GLOBAL_BATCH_SIZE=48", "experiment.eval_batch_size=48", "STRATEGY='mirrored'",
                       f"VIRTUAL_DEVICES={replicas}")
-    trainer = Trainer(config, make_strategy("mirrored", virtual_devices=replicas))
-    trainer.train(trainer.train_iterator(), 40)  # Barely trained: many errors, so the metrics can be wrong.
+    # Barely trained: many errors, so the metrics can be wrong.
+    trainer = trainer_with_trained_weights(config, replicas, 40)
     evaluation = trainer.evaluate()
     reviews = _split(trainer, "test")
     logits = trainer.model(trainer.task.tokenize(tf.constant(reviews["text"])), training=False).numpy()
