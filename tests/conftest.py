@@ -117,6 +117,9 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=in_the_fork)
         moved = set(in_the_fork)
         items[:] = [item for item in items if item not in moved]
+    # The fork run first: the longest test, started by the first worker at once rather than wherever its module
+    # falls, where it could end the session minutes after the other worker ran out of tests.
+    items.sort(key=lambda item: not item.nodeid.endswith(FORK_RUN))
 
 
 def pytest_unconfigure(config):

@@ -79,12 +79,22 @@ def call_in_process(entry, entry_argv: list[str], argv: list[str], cwd: str | No
     return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
 
 
+# Run(warm=True): the process loads TensorFlow and the trainer, then waits for a line on stdin before it runs
+# train.py as `python train.py ARGS` would (runpy, as __main__).
+_WARM_START = ("import sys, runpy, tensorflow, training.trainer; sys.argv = sys.argv[1:]; sys.stdin.readline(); "
+               "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 class Run:
     """`python train.py ARGS` in the background; its stdout and stderr lines collected as they come."""
 
-    def __init__(self, *args: str, env: dict | None = None, environment: dict | None = None):
-        """`env` is added to this process's environment; `environment` replaces it."""
-        self.process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args], cwd=REPO_ROOT,
+    def __init__(self, *args: str, env: dict | None = None, environment: dict | None = None, warm: bool = False):
+        """`env` is added to this process's environment; `environment` replaces it. `warm`: the interpreter and
+        TensorFlow start now, the command when `go()` is called: for a test whose timing starts at the command, as
+        a process start-up takes 5-8 s on a quiet machine and several times that beside other tests."""
+        train_py = os.path.join(REPO_ROOT, "train.py")
+        command = [sys.executable, "-c", _WARM_START, train_py, *args] if warm else [sys.executable, train_py, *args]
+        self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE if warm else None,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         env=environment or {**os.environ, **(env or {})})
         self.lines, self.errors = [], []
@@ -92,6 +102,11 @@ class Run:
                          for stream, into in ((self.process.stdout, self.lines), (self.process.stderr, self.errors))]
         for reader in self._readers:
             reader.start()
+
+    def go(self) -> None:
+        """Starts the command of a `warm` Run."""
+        self.process.stdin.write("go\n")
+        self.process.stdin.close()
 
     @staticmethod
     def _drain(stream, into: list) -> None:

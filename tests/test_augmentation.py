@@ -5,8 +5,6 @@ NumPy computes them, refusals before training, and XLA lowering (a TPU config's 
 The float64 weight invariance with randaugment + mixup is a case of tests/test_replica_invariance.py.
 """
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,7 +15,6 @@ from helpers import checkpoint_values, run_train_py
 from tasks.augmentation import by_name as augmentation
 from tasks.augmentation import mixing
 from tasks.augmentation.randaugment import OPS, RandAugment
-from tests.helpers import REPO_ROOT
 from training.learning import losses
 from training.trainer import Trainer
 
@@ -336,19 +333,17 @@ def test_resume_continues_the_augmented_run_bit_for_bit(tmp_path, data_dir):
     assert sum(not np.array_equal(other[key], uninterrupted[key]) for key in uninterrupted) > len(uninterrupted) // 2
 
 
-MOCK_RUNNER = ("import sys, tensorflow_datasets as tfds, train\n"
-               "with tfds.testing.mock_data(num_examples=4096):\n"
-               "    sys.exit(train.main(['train.py'] + sys.argv[1:]))\n")
-
-
 @pytest.mark.slow
 def test_a_tpu_config_with_augmentation_passes_the_preflight(tmp_path):
     """configs/tpu/cifar10_resnet_v3_8.gin (8 replicas) with flip-and-crop, RandAugment and mixup: the train step
-    and the augmentation compile with XLA (TFDS's mock CIFAR-10: no internet here)."""
-    result = subprocess.run([sys.executable, "-c", MOCK_RUNNER, "--gin_file=configs/tpu/cifar10_resnet_v3_8.gin",
-                             "--preflight", "--gin_param=experiment.augmentation=['flip_and_crop', 'randaugment', "
-                             "'mixup']", f"--gin_param=DATA_DIR='{tmp_path}/data'", f"--model_dir={tmp_path}/run"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    and the augmentation compile with XLA (TFDS's mock CIFAR-10: no internet here). In this process, as
+    tests/test_preflight.py runs the shipped TPU configs: the preflight builds one replica's share."""
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=4096):
+        result = run_train_py("--gin_file=configs/tpu/cifar10_resnet_v3_8.gin", "--preflight",
+                              "--gin_param=experiment.augmentation=['flip_and_crop', 'randaugment', 'mixup']",
+                              f"--gin_param=DATA_DIR='{tmp_path}/data'", f"--model_dir={tmp_path}/run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for check in ("train step compiles with XLA", "augmentation compiles with XLA"):
         assert f"ok   {check}" in result.stdout, result.stdout

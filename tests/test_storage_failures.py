@@ -48,12 +48,14 @@ def test_a_run_whose_gcs_lock_is_taken_over_stops_with_exit_6_and_writes_nothing
     args = [DIGITS, CONSTANT, "--gin_param=TRAIN_STEPS=40", "--gin_param=STEPS_PER_LOOP=10",
             "--gin_param=CHECKPOINT_EVERY=10", "--gin_param=EVAL_EVERY=20", f"--model_dir={model_dir}"]
     first = Run(*args, env=periods)
-    second = None
+    # Started warm: its command must reach the lock within 2.5 heartbeats of the freeze, which a process start-up
+    # beside other tests does not (it then found the heartbeat 20 s old, past the fence, and this test failed).
+    second = Run(*args, env=periods, warm=True)
     try:
         first.wait_for("tracing and compiling the training loop")  # Nothing is being written now.
         os.kill(first.process.pid, signal.SIGSTOP)
         create = gcs.hold(rf"^POST /upload/storage/v1/b/{gcs_bucket}/o\?.*ifGenerationMatch=0\b.* run/{LOCK_NAME}$")
-        second = Run(*args, env=periods)
+        second.go()
         gcs.wait_held(create, alive=lambda: second.process.poll() is None)  # The second run reached the lock.
         lock = gcs.client().bucket(gcs_bucket).blob(f"run/{LOCK_NAME}")
         while time.time() - json.loads(lock.download_as_bytes())["heartbeat"] < 2.5 * heartbeat + 0.5:
