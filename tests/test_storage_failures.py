@@ -35,6 +35,8 @@ def _keys(text: str) -> list[tuple[str, int]]:
 
 
 @pytest.mark.slow
+# About 60 s: two training processes (one frozen: SIGSTOP needs a process) and the wait for the lock to go stale at
+# the default ratio of heartbeat to stale time (30 s here), which is the condition of the bug it guards.
 def test_a_run_whose_gcs_lock_is_taken_over_stops_with_exit_6_and_writes_nothing_after(gcs, gcs_bucket, data_dir):
     """At the default timing ratio (heartbeat : stale = 30 s : 300 s, here 3 s : 30 s) the first run is frozen
     (SIGSTOP: a stalled process, a preempted VM) before its first loop; the second reaches the lock as soon as it
@@ -287,6 +289,8 @@ def _without_test_retries() -> dict:
 
 
 @pytest.mark.slow
+# About 60 s: a training process, then the wait for its storage timeout (15 s) with TensorFlow's own GCS retries,
+# which are the point (the run's exit must not depend on the suite's shorter ones).
 def test_storage_gone_for_good_ends_the_run_in_bounded_time_with_exit_6(gcs, gcs_bucket, data_dir):
     """With TensorFlow's own retries each failing gs:// operation took ~200 s and the run 44 minutes to exit 1.
     Here: train.py's shorter GCS retries, the run's storage timeout (15 s), a line saying what it waits for."""
