@@ -5,7 +5,6 @@ NumPy computes them, refusals before training, and XLA lowering (a TPU config's 
 The float64 weight invariance with randaugment + mixup is a case of tests/test_replica_invariance.py.
 """
 
-
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -72,9 +72,9 @@ def test_the_default_config_trains_and_exports_without_the_extras(tmp_path):
 @pytest.mark.timeout(1800)
 def test_the_cores_tests_pass_in_a_fork_without_the_extras(tmp_path, request):
     """The forker's check after an edit, `pytest -m core -n 2` (`-n 1` inside a session of several workers), in the
-    copy without the extras: it passes, nothing
-    skipped and no collection error (the extras' own tests are left out there: tests/conftest.py), and it runs every
-    core test this tree has. A failure lists the core tests that failed, as `pytest -m core` would here."""
+    copy without the extras: it passes, nothing skipped and no collection error (the extras' own tests are left out
+    there: tests/conftest.py), and it runs every core test this tree has. A failure lists the core tests that
+    failed, as `pytest -m core` would here."""
     from conftest import CORE_TEST_MODULES, CORE_TESTS_COLLECTED, MODULES_COLLECTED
 
     root = copy_without(tmp_path, EXTRAS)

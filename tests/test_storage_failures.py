@@ -85,8 +85,7 @@ def test_a_run_whose_gcs_lock_is_taken_over_stops_with_exit_6_and_writes_nothing
         code = first.wait(timeout=120)
     finally:
         first.kill()
-        if second is not None:
-            second.kill()
+        second.kill()
     assert code == 6, first.stdout[-3000:] + first.stderr[-3000:]
     assert f"error: This run no longer holds {model_dir}/{LOCK_NAME}" in first.stderr, first.stderr[-3000:]
     assert "Traceback" not in first.stderr
