@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+import forked_python
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -21,8 +23,8 @@ def run_train_py(*args: str, cwd: str | None = None, timeout: float = 300, env: 
     a process only.
     """
     if process or env:
-        return subprocess.run([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args], cwd=cwd or REPO_ROOT,
-                              capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+        return forked_python.run([os.path.join(REPO_ROOT, "train.py"), *args], cwd=cwd or REPO_ROOT,
+                                 capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     return train_in_process(*args, cwd=cwd)
 
 
@@ -86,25 +88,39 @@ _WARM_START = ("import sys, runpy, tensorflow, training.trainer; sys.argv = sys.
 
 
 class Run:
-    """`python train.py ARGS` in the background; its stdout and stderr lines collected as they come."""
+    """`python train.py ARGS` in the background (tests/forked_python.py: a forked child where it can be one); its
+    stdout and stderr lines collected as they come."""
 
     def __init__(self, *args: str, env: dict | None = None, environment: dict | None = None, warm: bool = False):
-        """`env` is added to this process's environment; `environment` replaces it. `warm`: the interpreter and
-        TensorFlow start now, the command when `go()` is called: for a test whose timing starts at the command, as
-        a process start-up takes 5-8 s on a quiet machine and several times that beside other tests."""
-        train_py = os.path.join(REPO_ROOT, "train.py")
-        command = [sys.executable, "-c", _WARM_START, train_py, *args] if warm else [sys.executable, train_py, *args]
-        self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE if warm else None,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                        env=environment or {**os.environ, **(env or {})})
-        self.lines, self.errors = [], []
+        """`env` is added to this process's environment; `environment` replaces it. `warm`: the command starts when
+        `go()` is called, its interpreter and TensorFlow already loaded: for a test whose timing starts at the
+        command, as a new interpreter's start-up takes 5-8 s on a quiet machine and several times that beside other
+        tests (a forked child starts at `go()`; a new interpreter starts now and waits for it)."""
+        command = [os.path.join(REPO_ROOT, "train.py"), *args]
+        environment = environment or {**os.environ, **(env or {})}
+        self.process, self.lines, self.errors, self._readers = None, [], [], []
+        self._start = lambda: self._started(forked_python.popen(
+            command, cwd=REPO_ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        self._fresh_and_waiting = warm and not forked_python.forkable(command, cwd=REPO_ROOT, env=environment)
+        if self._fresh_and_waiting:
+            self._started(subprocess.Popen([sys.executable, "-c", _WARM_START, *command], cwd=REPO_ROOT,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True, env=environment))
+        elif not warm:
+            self._start()
+
+    def _started(self, process) -> None:
+        self.process = process
         self._readers = [threading.Thread(target=self._drain, args=(stream, into), daemon=True)
-                         for stream, into in ((self.process.stdout, self.lines), (self.process.stderr, self.errors))]
+                         for stream, into in ((process.stdout, self.lines), (process.stderr, self.errors))]
         for reader in self._readers:
             reader.start()
 
     def go(self) -> None:
         """Starts the command of a `warm` Run."""
+        if not self._fresh_and_waiting:
+            self._start()
+            return
         self.process.stdin.write("go\n")
         self.process.stdin.close()
 
@@ -128,8 +144,8 @@ class Run:
         return code
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait()
 
@@ -165,8 +181,8 @@ def run_module(module: str, *args: str, timeout: float = 300, process: bool = Fa
     import importlib
 
     if process:
-        return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=timeout, env=dict(os.environ))
+        return forked_python.run(["-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                                 timeout=timeout)
     entry_module, with_program_name = MODULE_ENTRY_POINTS[module]
     main = importlib.import_module(entry_module).main
     argv = [module, *args]

@@ -3,18 +3,17 @@ re-measured (the benchmark's figures are not asserted: speed targets live in the
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+import forked_python
 from helpers import REPO_ROOT
 
 
 @pytest.mark.slow
 def test_the_throughput_benchmark_runs_and_reports_every_column(tmp_path):
     output = tmp_path / "throughput.json"
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "bench", "throughput.py"), "--models=mlp",
+    result = forked_python.run([os.path.join(REPO_ROOT, "bench", "throughput.py"), "--models=mlp",
                              "--batches=64", "--repetitions=1", "--steps=100", "--rss_steps=0", f"--output={output}"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -33,7 +32,7 @@ def test_the_throughput_benchmark_runs_and_reports_every_column(tmp_path):
 def test_the_xla_comparison_runs_at_2_replicas(tmp_path):
     """`--xla_only` (docs/throughput.md, "XLA"): experiment.jit_compile='on' against 'off', also at 2 replicas."""
     output = tmp_path / "xla.json"
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "bench", "throughput.py"), "--xla_only",
+    result = forked_python.run([os.path.join(REPO_ROOT, "bench", "throughput.py"), "--xla_only",
                              "--models=mlp", "--batches=64", "--replicas=2", "--repetitions=1", "--steps=100",
                              f"--output={output}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -45,7 +44,7 @@ def test_the_xla_comparison_runs_at_2_replicas(tmp_path):
 
 @pytest.mark.slow
 def test_the_loop_audit_runs_and_reports_every_variant():
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "bench", "loop_audit.py"), "--models=mlp",
+    result = forked_python.run([os.path.join(REPO_ROOT, "bench", "loop_audit.py"), "--models=mlp",
                              "--batches=32", "--replicas=1,2", "--repetitions=1"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,7 +57,7 @@ def test_the_loop_audit_runs_and_reports_every_variant():
 def test_the_accumulation_memory_benchmark_runs_and_reports_each_k():
     """bench/accumulate_memory.py (docs/throughput.md's peak-RSS figures), at a tiny width: it runs and prints a row
     per k; the figures themselves are not asserted."""
-    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "bench", "accumulate_memory.py"),
+    result = forked_python.run([os.path.join(REPO_ROOT, "bench", "accumulate_memory.py"),
                              "--accumulate=1,4", "--hidden=64", "--batch=64", "--steps=1"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

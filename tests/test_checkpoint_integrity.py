@@ -11,12 +11,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
+import forked_python
 from helpers import REPO_ROOT, checkpoint_values, run_train_py
 
 ARGS = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=STEPS_PER_LOOP=10",
@@ -124,12 +124,13 @@ def test_sigkill_at_random_points_then_resume_matches_an_uninterrupted_run(data_
     left later attempts nothing to kill (1 CI run in 3)."""
     steps = 300
     model_dir, straight = str(tmp_path / "run"), str(tmp_path / "straight")
-    command = [sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS, f"--gin_param=TRAIN_STEPS={steps}",
+    command = [os.path.join(REPO_ROOT, "train.py"), *ARGS, f"--gin_param=TRAIN_STEPS={steps}",
                f"--model_dir={model_dir}"]
     delays = random.Random(11).sample([0.0, 0.005, 0.01, 0.02, 0.03, 0.05], 3)
     killed = 0
     for attempt, delay in enumerate(delays, start=1):
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        process = forked_python.popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True)
         try:
             for line in process.stdout:
                 logged = re.search(rf" step +(\d+)/{steps} \|", line)

@@ -11,11 +11,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
+import forked_python
 from tests.helpers import REPO_ROOT, run_train_py
 
 # The default experiment (shipped learning rate and warm-up of 50 steps) to step 300, a checkpoint and an in-loop
@@ -79,8 +79,8 @@ sys.exit(train.main(["train.py"] + sys.argv[3:]))
 
 def _sidecar_killed_at(model_dir: str, where: str, step: int) -> subprocess.CompletedProcess:
     """Runs the sidecar until the point `where` ('ledger' or 'events') of `step`, where it SIGKILLs itself."""
-    killed = subprocess.run([sys.executable, "-c", KILLED_AT, where, str(step), *ARGS, *SIDECAR,
-                             f"--model_dir={model_dir}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    killed = forked_python.run(["-c", KILLED_AT, where, str(step), *ARGS, *SIDECAR, f"--model_dir={model_dir}"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
     assert f"killing the sidecar before the {where} of step {step}" in killed.stdout
     return killed
@@ -191,8 +191,8 @@ def test_a_checkpoint_rotated_away_while_read_is_recorded_as_skipped(trained, ki
     copy = str(tmp_path / "run")
     shutil.copytree(trained, copy)
     shutil.rmtree(os.path.join(copy, "eval_sidecar"))
-    result = subprocess.run([sys.executable, "-c", ROTATED_WHILE_READ, *ARGS, *SIDECAR, f"--model_dir={copy}"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = forked_python.run(["-c", ROTATED_WHILE_READ, *ARGS, *SIDECAR, f"--model_dir={copy}"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Checkpoint of step 150 not evaluated: rotated away while the sidecar read it" in result.stdout
     ledger = _ledger(copy)
@@ -211,9 +211,9 @@ def test_without_a_run_the_sidecar_times_out_with_exit_2(tmp_path):
 
 
 def test_sigterm_ends_a_waiting_sidecar_with_exit_3(tmp_path):
-    process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS, *SIDECAR,
-                                f"--model_dir={tmp_path / 'empty'}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = forked_python.popen([os.path.join(REPO_ROOT, "train.py"), *ARGS, *SIDECAR,
+                                   f"--model_dir={tmp_path / 'empty'}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
     try:
         for line in process.stdout:
             if "Watching" in line:
@@ -245,10 +245,11 @@ def test_beside_a_training_job_without_evaluation_the_sidecar_keeps_best(tmp_pat
     model_dir = str(tmp_path / "run")
     best = ["--gin_param=EVAL_EVERY=0", "--gin_param=BEST_METRIC='eval/accuracy'",
             "--gin_param=experiment.checkpoints_to_keep=3"]
-    command = [sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS, *best, f"--model_dir={model_dir}"]
-    training = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sidecar = subprocess.Popen([*command, *SIDECAR], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    command = [os.path.join(REPO_ROOT, "train.py"), *ARGS, *best, f"--model_dir={model_dir}"]
+    training = forked_python.popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+    sidecar = forked_python.popen([*command, *SIDECAR], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
     try:
         trained, _ = training.communicate(timeout=300)
         watched, _ = sidecar.communicate(timeout=300)

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+import forked_python
 from common.loopback import free_loopback_ports
 from helpers import REPO_ROOT, checkpoint_values, run_train_py
 
@@ -261,19 +262,19 @@ def test_two_local_services_train_the_same_weights(tmp_path, data_dir, reference
 
 def start_service(port: int) -> subprocess.Popen:
     """`python -m data.service --port=PORT` as its own process, once it says it serves."""
-    process = subprocess.Popen([sys.executable, "-m", "data.service", f"--port={port}", "--host=127.0.0.1"],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = forked_python.popen(["-m", "data.service", f"--port={port}", "--host=127.0.0.1"],
+                                  cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = process.stdout.readline()
     assert line.startswith(f"tf.data service at grpc://127.0.0.1:{port}"), line
     return process
 
 
 def start_training(model_dir, data_dir, port: int, timeout_seconds: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "train.py", f"--model_dir={model_dir}",
-                             f"--gin_param=DATA_DIR={data_dir!r}", *STEPS, "--gin_param=CHECKPOINT_EVERY=100",
-                             f"--gin_param=DATA_SERVICE='grpc://127.0.0.1:{port}'",
-                             f"--gin_param=experiment.storage_timeout_seconds={timeout_seconds}"],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return forked_python.popen(["train.py", f"--model_dir={model_dir}",
+                                f"--gin_param=DATA_DIR={data_dir!r}", *STEPS, "--gin_param=CHECKPOINT_EVERY=100",
+                                f"--gin_param=DATA_SERVICE='grpc://127.0.0.1:{port}'",
+                                f"--gin_param=experiment.storage_timeout_seconds={timeout_seconds}"],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def kill_after_a_checkpoint(training: subprocess.Popen, service: subprocess.Popen, *, restart_port: int = 0):

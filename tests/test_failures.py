@@ -3,11 +3,11 @@
 import os
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import tensorflow as tf
 
+import forked_python
 import train
 from helpers import REPO_ROOT
 
@@ -39,9 +39,9 @@ def test_non_finite_loss_exits_4_and_keeps_the_last_good_checkpoint(tmp_path, ca
 
 def test_sigterm_checkpoints_at_the_loop_boundary_and_exits_3(tmp_path, data_dir):
     model_dir = str(tmp_path)
-    process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), DIGITS, *SMALL,
-                                "--gin_param=TRAIN_STEPS=1000000", f"--model_dir={model_dir}"],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = forked_python.popen([os.path.join(REPO_ROOT, "train.py"), DIGITS, *SMALL,
+                                   "--gin_param=TRAIN_STEPS=1000000", f"--model_dir={model_dir}"],
+                                  cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in process.stdout:
             if " step " in line and "/1000000" in line:  # The first loop finished: training is under way.

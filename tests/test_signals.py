@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import forked_python
 from helpers import REPO_ROOT, run_train_py
 
 ARGS = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=TRAIN_STEPS=20", "--gin_param=STEPS_PER_LOOP=10",
@@ -17,9 +18,8 @@ ARGS = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=TRAIN_STEP
 
 def _signal_when(model_dir: str, marker: str, signum: int) -> tuple[int, str, str]:
     """Runs train.py, sends `signum` as soon as a stdout line contains `marker`; returns (code, stdout, stderr)."""
-    process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS,
-                                f"--model_dir={model_dir}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    process = forked_python.popen([os.path.join(REPO_ROOT, "train.py"), *ARGS, f"--model_dir={model_dir}"],
+                                  cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     try:
         for line in process.stdout:
@@ -65,10 +65,10 @@ def test_a_second_signal_inside_a_long_loop_stops_at_once(tmp_path, data_dir):
     logged as it arrives, the second ends the process (exit 3) long before the loop of 200,000 steps could end."""
     import time
 
-    process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *ARGS,
-                                "--gin_param=TRAIN_STEPS=400000", "--gin_param=STEPS_PER_LOOP=200000",
-                                "--gin_param=CHECKPOINT_EVERY=0", f"--model_dir={tmp_path / 'run'}"], cwd=REPO_ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = forked_python.popen([os.path.join(REPO_ROOT, "train.py"), *ARGS, "--gin_param=TRAIN_STEPS=400000",
+                                   "--gin_param=STEPS_PER_LOOP=200000", "--gin_param=CHECKPOINT_EVERY=0",
+                                   f"--model_dir={tmp_path / 'run'}"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
         for line in process.stdout:

@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+import forked_python
 from data.staged_spec import spec_from_metadata
 from helpers import REPO_ROOT
 from stage import cli as stage
@@ -137,8 +138,8 @@ def test_the_export_serves_images_of_any_size_as_staging_resized_them(folders, t
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Train it: ")]
     command = [arg for arg in shlex.split(line[len("Train it: "):]) if not arg.startswith("--model_dir=")]
     assert command[:3] == ["python", "train.py", "--gin_file=configs/experiments/mnist_cnn.gin"], command
-    result = subprocess.run([sys.executable, *command[1:], *SHORT, f"--model_dir={model_dir}"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=300)
+    result = forked_python.run([*command[1:], *SHORT, f"--model_dir={model_dir}"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     export = os.path.join(model_dir, "export", "40")
     # The any-size graph converts to builtin LiteRT ops (it did not: "no builtin op for ClipByValue, ResizeBilinear").

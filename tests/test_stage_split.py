@@ -9,13 +9,12 @@ next command for images names the CNN config and trains as printed.
 import json
 import os
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+import forked_python
 from helpers import REPO_ROOT, write_class_images
 from stage import cli as stage
 
@@ -138,7 +137,7 @@ def test_the_printed_command_for_images_names_the_cnn_and_trains(sources, tmp_pa
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Train it: ")]
     command = shlex.split(line[len("Train it: "):])
     assert command[:3] == ["python", "train.py", "--gin_file=configs/experiments/mnist_cnn.gin"], command
-    result = subprocess.run([sys.executable, *command[1:], *TINY, f"--model_dir={tmp_path / 'run'}"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=300)
+    result = forked_python.run([*command[1:], *TINY, f"--model_dir={tmp_path / 'run'}"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "accuracy" in json.load(open(tmp_path / "run" / "metrics.json"))["eval"], result.stdout[-2000:]

@@ -14,13 +14,13 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+import forked_python
 from helpers import REPO_ROOT
 from stage import cli as stage
 
@@ -78,8 +78,8 @@ def _train_as_printed(out: str, model_dir: str) -> subprocess.CompletedProcess:
     assert command[:3] == ["python", "train.py",
                            "--gin_file=configs/experiments/synthetic_reviews_transformer.gin"], command
     command = [arg for arg in command if not arg.startswith("--model_dir=")]
-    return subprocess.run([sys.executable, *command[1:], *SHORT, f"--model_dir={model_dir}"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return forked_python.run([*command[1:], *SHORT, f"--model_dir={model_dir}"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=300)
 
 
 def _check_trained_and_served(result, model_dir: str) -> None:

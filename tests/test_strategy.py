@@ -4,13 +4,12 @@ No TPU exists here: the TPU tests stop where a chip would have to answer, and ru
 bound (a failed TPU initialisation can leave TensorFlow's runtime unusable in that process).
 """
 
-import subprocess
-import sys
 import time
 
 import pytest
 import tensorflow as tf
 
+import forked_python
 from common.errors import ConfigError
 from helpers import REPO_ROOT
 from tpu_utils import strategy as strategy_module
@@ -60,7 +59,7 @@ def test_tpu_local_without_a_tpu_fails_fast_with_advice():
               "try:\n    make_strategy('tpu', tpu='local')\n"
               "except ConfigError as error:\n    print('CONFIG_ERROR', error)\n")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    result = forked_python.run(["-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert time.monotonic() - started < 60
     assert "CONFIG_ERROR TPU='local'" in result.stdout, result.stdout + result.stderr
     assert "pick a TPU runtime" in result.stdout

@@ -4,13 +4,12 @@ No TPU exists here (and no fake TPU backend): what is covered is everything befo
 metadata server that TPU name lookups query is the loopback stub of conftest.py, so nothing leaves the machine.
 """
 
-import subprocess
-import sys
 import time
 import types
 
 import pytest
 
+import forked_python
 from common.errors import ConfigError
 from common.loopback import free_loopback_ports
 from tests.helpers import REPO_ROOT, run_train_py
@@ -63,7 +62,7 @@ def test_an_unreachable_tpu_address_ends_within_the_startup_timeout():
               f"make_tpu_strategy('grpc://127.0.0.1:{port}', startup_timeout_seconds=2)\n"
               "print('RETURNED')\n")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = forked_python.run(["-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert time.monotonic() - started < 60
     assert result.returncode != 0 and "RETURNED" not in result.stdout
     output = result.stdout + result.stderr
@@ -121,7 +120,7 @@ def test_a_pjrt_tpu_without_the_start_up_variables_says_how_to_set_them():
               "    tpu_init.make_tpu_strategy('local', startup_timeout_seconds=60)\n"
               "except tpu_init.ConfigError as error:\n"
               "    print('ERROR:', error)\n")
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = forked_python.run(["-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert "HINT: NEXT_PLUGGABLE_DEVICE_USE_C_API and TF_PLUGGABLE_DEVICE_LIBRARY_PATH were not set" in result.stdout, \
         result.stdout + result.stderr
     assert "SET: ''" in result.stdout

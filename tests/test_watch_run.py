@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+import forked_python
 from helpers import REPO_ROOT, run_module, run_train_py
 
 MLP = ["--gin_file=configs/experiments/digits_mlp.gin", "--gin_param=STEPS_PER_LOOP=10",
@@ -126,8 +127,8 @@ def test_metrics_jsonl_survives_a_kill_and_resume_without_duplicates_or_gaps(tmp
     args = [*MLP, "--gin_param=TRAIN_STEPS=80", "--gin_param=EVAL_EVERY=20", "--gin_param=CHECKPOINT_EVERY=40",
             "--gin_param=experiment.lr_schedule='constant'"]
     killed, straight = str(tmp_path / "killed"), str(tmp_path / "straight")
-    process = subprocess.Popen([sys.executable, os.path.join(REPO_ROOT, "train.py"), *args, f"--model_dir={killed}"],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    process = forked_python.popen([os.path.join(REPO_ROOT, "train.py"), *args, f"--model_dir={killed}"],
+                                  cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for line in process.stdout:
             if re.search(r"step +70/80 \|", line):  # Checkpoint at 40; records up to 60 are written.
@@ -298,10 +299,11 @@ def test_profiler_port_serves_an_on_demand_capture(tmp_path, data_dir):
     with socket.socket() as probe:  # A free loopback port.
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, os.path.join(REPO_ROOT, "train.py"), *MLP, "--gin_param=TRAIN_STEPS=100000",
+    command = [os.path.join(REPO_ROOT, "train.py"), *MLP, "--gin_param=TRAIN_STEPS=100000",
                "--gin_param=EVAL_EVERY=0", "--gin_param=CHECKPOINT_EVERY=0", f"--gin_param=PROFILER_PORT={port}",
                f"--model_dir={tmp_path / 'run'}"]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = forked_python.popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
     try:
         for line in process.stdout:
             if re.search(r"step +\d+/100000 \|", line):  # Training runs, the server is up.

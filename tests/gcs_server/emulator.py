@@ -30,9 +30,11 @@ import uuid
 from common.loopback import free_loopback_ports
 
 # Read once by TensorFlow at import: two quick retries, no stat cache (else one failing request retries ~195 s).
+# GCS_REQUEST_CONNECTION_TIMEOUT_SECS is train.py's own default (common/gcs_retries.py), set here so that every
+# process of the tests loads TensorFlow with the same value, a forked one too (tests/forked_python.py).
 EARLY_ENVIRONMENT = {"GCS_RETRY_CONFIG_MAX_RETRIES": "2", "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
                      "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "200000", "GCS_STAT_CACHE_MAX_AGE": "0",
-                     "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0"}
+                     "GCS_MATCHING_PATHS_CACHE_MAX_AGE": "0", "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20"}
 PROJECT = "template-tests"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
