@@ -50,8 +50,10 @@ def pytest_configure(config):
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     })
+    import forked_python
     from tpu_utils.strategy import configure_virtual_cpus
 
+    forked_python.configure(os.environ)  # The session's environment, before any test changes it.
     configure_virtual_cpus(VIRTUAL_CPUS)
 
 

@@ -169,12 +169,24 @@ def _exit_code(code) -> int:
 
 # ----- The client: what tests call. -----
 
+# The environment the server loads its libraries in: the test session's, as tests/conftest.py set it up (`configure`),
+# not that of whichever test first needs a process (one that changed a variable would make the server refuse the
+# session's own commands).
+_environment: dict | None = None
+
+
+def configure(environment: dict) -> None:
+    """Sets the environment the server will load its libraries in (tests/conftest.py: the session's)."""
+    global _environment
+    _environment = dict(environment)
+
+
 class _Server:
     def __init__(self):
         import tempfile
 
         self.socket_path = os.path.join(tempfile.mkdtemp(prefix="forked-python-"), "socket")
-        self.environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+        self.environment = {key: value for key, value in (_environment or os.environ).items() if key != "PYTHONPATH"}
         self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.socket_path],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.environment)
         if self.process.stdout.readline() != b"ready\n":

@@ -82,9 +82,15 @@ def test_every_shipped_tpu_config_passes_the_preflight(path, request):
     assert split in result.stdout, result.stdout
 
 
-def test_the_one_chip_cifar10_config_keeps_its_split_on_the_tpu_when_always(gcs_bucket):
+def test_the_one_chip_cifar10_config_keeps_its_split_on_the_tpu_when_always(gcs_bucket, monkeypatch):
     """experiment.train_data_on_device='always' passes, and the line says what each replica keeps: TFDS's mock
-    CIFAR-10 of 4,096 examples, 32 x 32 x 3 bytes each and an int64 label, 12.0 MiB."""
+    CIFAR-10 of 4,096 examples, 32 x 32 x 3 bytes each and an int64 label, 12.0 MiB. The split is decoded once (the
+    host's pipeline, not used then, decoded it a second time)."""
+    from data import pipeline
+
+    decoded = []
+    decode = pipeline.decoded_train_split
+    monkeypatch.setattr(pipeline, "decoded_train_split", lambda *args: decoded.append(args) or decode(*args))
     with tfds.testing.mock_data(num_examples=4096):
         result = run_train_py("--gin_file=configs/tpu/cifar10_resnet_1_chip.gin", "--preflight",
                               "--gin_param=experiment.train_data_on_device='always'",
@@ -92,6 +98,7 @@ def test_the_one_chip_cifar10_config_keeps_its_split_on_the_tpu_when_always(gcs_
                               f"--model_dir=gs://{gcs_bucket}/run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "ok   train split on the device, its draw compiles with XLA (12.0 MiB per replica)" in result.stdout
+    assert len(decoded) == 1, decoded
 
 
 def _config(small_config, **overrides):
@@ -129,7 +136,10 @@ def test_a_dynamic_shape_input_fails(small_config, tmp_path, monkeypatch):
         return lambda context: input_fn(context).unbatch().batch(16)
 
     monkeypatch.setattr(pipeline, "make_train_input_fn", without_drop_remainder)
-    problems = _problems(preflight.run_preflight(_config(small_config), str(tmp_path)))
+    # The host's pipeline feeds the step ('never'; with the split on the device, its draw does, and the check reads
+    # that one's shapes).
+    config = _config(small_config, train_data_on_device="never")
+    problems = _problems(preflight.run_preflight(config, str(tmp_path)))
     assert "not fully defined: train TensorSpec(shape=(None, 8, 8, 1)" in problems["static per-replica input shapes"]
 
 

@@ -282,10 +282,10 @@ def test_a_tensor_with_zero_exact_gradient_does_not_fail_the_check(data_dir, mon
 
 
 def test_float32_agrees_to_rounding_over_the_first_steps(data_dir):
-    """What float32 promises: 5 steps of the default config agree to 1e-5 at 1, 2 and 8 replicas (measured ~1e-6;
-    4 replicas sits between, and the float64 cases run it). Longer float32 runs may part after a rounding-level ReLU
-    sign flip; the float64 check covers them."""
-    runs, probe = replica_invariance.measure(shipped_config(DEFAULT), [1, 2, 8], steps=5, precision="float32")
+    """What float32 promises: 5 steps of the default config agree to 1e-5 at 1, 2 and 4 replicas (measured 7.6e-7 at
+    2, 4 and 8; 8 replicas, whose trace costs as much as the others together, runs in float64 through the README's
+    command). Longer float32 runs may part after a rounding-level ReLU sign flip; the float64 check covers them."""
+    runs, probe = replica_invariance.measure(shipped_config(DEFAULT), [1, 2, 4], steps=5, precision="float32")
     passed, table = replica_invariance.report(runs, probe, tolerance=1e-5)
     print(table)
     assert passed, table

@@ -74,7 +74,10 @@ def run_preflight(config: ExperimentConfig, model_dir: str, *,
                             mirrored=replicas > 1 or config.strategy in ("mirrored", "multi_worker_mirrored"),
                             per_replica_batch=batching.per_replica)
         one_pipeline = tf.distribute.InputContext()
-        train_spec = trainer.train_input_fn()(one_pipeline).element_spec
+        # Where the split is kept on the device, its draw is what the step receives (and the host's pipeline, never
+        # used then, would decode the whole split a second time).
+        train_spec = (_drawn_spec(trainer.train_iterator()) if trainer.train_data_on_device else
+                      trainer.train_input_fn()(one_pipeline).element_spec)
         eval_spec = trainer.eval_input_fn(one_pipeline).element_spec
     except ConfigError as error:
         return checks + [Check("input pipelines and model build", str(error))]
@@ -135,6 +138,12 @@ def _check_buckets(config: ExperimentConfig, model_dir: str) -> Check:
     except ConfigError as error:
         return Check("gs:// buckets exist and are writable", str(error))
     return Check("gs:// buckets exist and are writable")
+
+
+def _drawn_spec(split) -> tuple:
+    """The TensorSpecs of one replica's batch drawn from a DeviceSplit (traced, not run)."""
+    drawn = tf.function(split.replica_batch).get_concrete_function(tf.TensorSpec([], tf.int64)).structured_outputs
+    return tf.nest.map_structure(lambda tensor: tf.TensorSpec(tensor.shape, tensor.dtype), drawn)
 
 
 def _check_static_shapes(specs: dict) -> Check:
