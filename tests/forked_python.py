@@ -29,9 +29,14 @@ import subprocess
 import sys
 import threading
 
-# Read by this repository's code when it runs, not when a library loads: a child may differ in these.
-RUN_TIME_VARIABLES = frozenset({"PYTHONPATH", "PYTEST_CURRENT_TEST", "TF_CONFIG", "TMPDIR",
-                                "RUN_LOCK_HEARTBEAT_SECONDS", "RUN_LOCK_STALE_AFTER_SECONDS"})
+# Read when they are used, not when a library loads: a child may differ in these. This repository's own; TF_CONFIG
+# (read when a strategy is made); the GCS test server's (tests/gcs_server/emulator.py, each server its own port):
+# TensorFlow's gs:// client reads the proxy, CA bundle and test token for each request, google-cloud-storage the
+# emulator host and project when a client is made.
+RUN_TIME_VARIABLES = frozenset({
+    "PYTHONPATH", "PYTEST_CURRENT_TEST", "TF_CONFIG", "TMPDIR", "RUN_LOCK_HEARTBEAT_SECONDS",
+    "RUN_LOCK_STALE_AFTER_SECONDS", "https_proxy", "HTTPS_PROXY", "CURL_CA_BUNDLE", "STORAGE_EMULATOR_HOST",
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GOOGLE_CLOUD_PROJECT"})
 # The libraries the server imports once (third-party only: a child may run another copy of this repository).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the server imports once: the libraries, then this repository's entry point and what it imports first.
