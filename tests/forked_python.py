@@ -37,7 +37,6 @@ RUN_TIME_VARIABLES = frozenset({
     "PYTHONPATH", "PYTEST_CURRENT_TEST", "TF_CONFIG", "TMPDIR", "RUN_LOCK_HEARTBEAT_SECONDS",
     "RUN_LOCK_STALE_AFTER_SECONDS", "https_proxy", "HTTPS_PROXY", "CURL_CA_BUNDLE", "STORAGE_EMULATOR_HOST",
     "GOOGLE_AUTH_TOKEN_FOR_TESTING", "GOOGLE_CLOUD_PROJECT"})
-# The libraries the server imports once (third-party only: a child may run another copy of this repository).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the server imports once: the libraries, then this repository's entry point and what it imports first.
 PRELOADED = ("tensorflow", "keras", "tensorflow_datasets", "sklearn.datasets", "google.cloud.storage", "train",
