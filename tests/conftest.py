@@ -64,7 +64,7 @@ CORE_TEST_MODULES = frozenset({
     "test_input_errors", "test_data_pipeline", "test_device_split", "test_shard_stream", "test_tasks",
     "test_text_task", "test_evaluation", "test_replica_state", "test_replica_invariance", "test_precision",
     "test_dropout", "test_strategy", "test_tf_config", "test_finite_guard", "test_resume_and_export",
-    "test_checkpoint_integrity", "test_default_experiment", "test_watch_run", "test_run_lock", "test_tpu_init",
+    "test_checkpoint_integrity", "test_watch_run", "test_run_lock", "test_tpu_init",
     "test_tpu_startup", "test_docs_links", "test_early_stopping", "test_data_service", "test_batch_norm_sync",
 })
 

@@ -45,13 +45,13 @@ def imagenet_bucket(gcs, tmp_path_factory) -> str:
     return bucket
 
 
-def _target_replicas(path: str) -> int:
-    """The config's experiment.target_replicas, read as train.py reads the config."""
+def _replicas_and_batch(path: str) -> tuple[int, int]:
+    """The config's experiment.target_replicas and GLOBAL_BATCH_SIZE, read as train.py reads the config."""
     import gin
 
-    replicas = shipped_config(path).target_replicas
+    config = shipped_config(path)
     gin.clear_config()  # The command under test parses the config itself.
-    return replicas
+    return config.target_replicas, config.global_batch_size
 
 
 @pytest.mark.slow
@@ -63,14 +63,17 @@ def test_every_shipped_tpu_config_passes_the_preflight(path, request):
     args = [f"--gin_file={path}", "--preflight", f"--gin_param=DATA_DIR='{bucket}/tensorflow_datasets'",
             f"--model_dir={bucket}/run"]
     # In this process at every replica count, 32 included: the preflight builds one replica's share.
+    replicas, global_batch = _replicas_and_batch(path)
     if uses_imagenet:
         result = run_train_py(*args)
     else:
-        with tfds.testing.mock_data(num_examples=4096):
+        # One global batch of mock examples per split: the split must hold a batch (a check of its own, below); TFDS
+        # generates mock examples in Python, and more of them only cost time here.
+        with tfds.testing.mock_data(num_examples=global_batch):
             result = run_train_py(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "preflight passed." in result.stdout
-    assert f"preflight for {_target_replicas(path)} replica(s)," in result.stdout, result.stdout
+    assert f"preflight for {replicas} replica(s)," in result.stdout, result.stdout
     # TFDS's mock data has no split sizes: each split is counted once (data/builders.py), not by every reader.
     output = result.stdout + result.stderr
     assert output.count("counting train.") <= 1 and output.count("counting test.") <= 1, output

@@ -34,42 +34,47 @@ EXPERIMENTS = os.path.join(REPO_ROOT, "configs", "experiments")
 # replica count]). Every model in models/registry.py, every loss in training/learning/losses.py and every offline
 # experiment config must appear in one (checked below, so a model, loss or config you add cannot skip the check); the
 # optimizers each model is used with; shipped learning rates and schedules (Adam and AdamW at their usual 1e-3);
-# dropout on where a model has it; gradient accumulation. At 1, 2 and 4 replicas: every bug the check exists for (a
-# per-replica denominator, a second gradient sum, a clip before the sum, unscaled regularization, per-replica state)
-# differs by a factor of R or a share of it, so it shows at 2 and again at 4; 8 replicas cost as much as 1, 2 and 4
-# together (MirroredStrategy traces the step once per replica) and add no other kind of difference. The default
-# config runs at 8 too, through the README's command (COMMAND_CASES, and the per-replica mean planted below).
+# dropout on where a model has it; gradient accumulation. Every bug the check exists for (a per-replica denominator, a
+# second gradient sum, a clip before the sum, unscaled regularization, per-replica state) differs by a factor of R or
+# a share of it, so it shows at 2 replicas already, and the planted-bug tests below show the check failing there. A
+# case whose variable is the optimizer, the schedule, the model or the task runs at 1 and 2 replicas (TWO); where the
+# batch's examples are split among replicas in more ways than two halves (examples keyed by their global position
+# for dropout and augmentation, mixup and CutMix pairing examples across the batch, k micro-batches per replica), at
+# 1, 2 and 4 (FOUR): with 4 replicas each one's slice starts at another offset, so a key or pairing computed from a
+# replica's local position rather than the global one cannot agree by chance. 8 replicas cost as much as 1, 2 and 4
+# together (MirroredStrategy traces the step once per replica) and add no other kind of difference: the default
+# config runs at 8 through the README's command (COMMAND_CASES).
+TWO, FOUR = [1, 2], [1, 2, 4]
 CASES = {
     "cnn-sgd": (DEFAULT, (), REPLICAS),
     "cnn-adam-dropout": (DEFAULT, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "cnn.dropout_rate=0.3"),
-                         [1, 2, 4]),
+                         TWO),
     # Freezing (training/variable_selection.py): the convolutions and BatchNormalization (inference mode) fixed.
-    "cnn-sgd-frozen-backbone": (DEFAULT, ("experiment.frozen=['conv2d*', 'batch_normalization*']",), [1, 2, 4]),
-    "cnn-adamw": (DEFAULT, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001"), [1, 2, 4]),
-    "mlp-sgd-dropout": (MLP, ("mlp.dropout_rate=0.3",), [1, 2, 4]),
-    "mlp-adam": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001"), [1, 2, 4]),
+    "cnn-sgd-frozen-backbone": (DEFAULT, ("experiment.frozen=['conv2d*', 'batch_normalization*']",), TWO),
+    "cnn-adamw": (DEFAULT, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001"), TWO),
+    "mlp-sgd-dropout": (MLP, ("mlp.dropout_rate=0.3",), TWO),
+    "mlp-adam": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001"), TWO),
     # Gradient accumulation (training/learning/accumulation.py): every k at every replica count, on the on-device
     # split, with dropout keyed by example. Models without BatchNormalization only (per-micro-batch statistics).
-    "mlp-sgd-dropout-accumulate": (MLP, ("mlp.dropout_rate=0.3",), [1, 2, 4], [1, 2, 4]),
+    "mlp-sgd-dropout-accumulate": (MLP, ("mlp.dropout_rate=0.3",), FOUR, FOUR),
     # experiment.jit_compile='on' (training/jit_compile.py): the forward and backward pass under XLA at every replica
     # count. The MLP: the probe synchronizes BatchNormalization, which XLA cannot hold under MirroredStrategy.
-    "mlp-sgd-dropout-xla": (MLP, ("mlp.dropout_rate=0.3", "experiment.jit_compile='on'"), [1, 2, 4]),
+    "mlp-sgd-dropout-xla": (MLP, ("mlp.dropout_rate=0.3", "experiment.jit_compile='on'"), TWO),
     # EMA of the weights (training/learning/ema.py): the averages are compared like the weights.
-    "mlp-adam-ema": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "EMA_DECAY=0.99"), [1, 2, 4]),
+    "mlp-adam-ema": (MLP, ("experiment.optimizer='adam'", "LEARNING_RATE=0.001", "EMA_DECAY=0.99"), TWO),
     # The smallest ResNet (one block per stage): the same block code as ResNet-20/50, traced in reasonable time.
-    "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), [1, 2, 4]),
+    "resnet-sgd": (DEFAULT, ("MODEL='resnet'", "resnet.depth=8"), TWO),
     # keras.applications' MobileNetV3Small (models/keras_applications.py) as shipped: 8x8 digits resized to 32x32,
     # its BatchNormalization layers set to synchronized after Keras built them.
-    # 1 and 2 replicas only: 34 synchronized BatchNormalization all-reduces per step make 4 and 8 too slow on CPU
-    # (> 600 s). Checked at 5 steps, not past its warm-up: see SHORT_RUN_CASES below.
-    "digits-mobilenet-v3-small": ("configs/experiments/digits_mobilenet_v3_small.gin", (), [1, 2]),
+    # Checked at 5 steps, not past its warm-up: see SHORT_RUN_CASES below.
+    "digits-mobilenet-v3-small": ("configs/experiments/digits_mobilenet_v3_small.gin", (), TWO),
     # The worked examples of other tasks (docs/make_it_yours.md), as shipped.
-    "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), [1, 2, 4]),
-    "synthetic-housing-mlp-mse": ("configs/experiments/synthetic_housing_mlp.gin", (), [1, 2, 4]),
-    "synthetic-reviews-transformer-dropout": ("configs/experiments/synthetic_reviews_transformer.gin", (), [1, 2, 4]),
+    "breast-cancer-mlp": ("configs/experiments/breast_cancer_mlp.gin", (), TWO),
+    "synthetic-housing-mlp-mse": ("configs/experiments/synthetic_housing_mlp.gin", (), TWO),
+    "synthetic-reviews-transformer-dropout": ("configs/experiments/synthetic_reviews_transformer.gin", (), TWO),
     # The fine-tune example's two runs (docs/make_it_yours.md), from scratch (INIT_FROM only sets the start).
-    "digits-0-4-pretrain-cnn": ("configs/experiments/digits_0_4_pretrain.gin", (), [1, 2, 4]),
-    "digits-5-9-fine-tune-cnn": ("configs/experiments/digits_5_9_fine_tune.gin", (), [1, 2, 4]),
+    "digits-0-4-pretrain-cnn": ("configs/experiments/digits_0_4_pretrain.gin", (), TWO),
+    "digits-5-9-fine-tune-cnn": ("configs/experiments/digits_5_9_fine_tune.gin", (), TWO),
     # Large-batch optimizers and schedules (training/learning/lars.py, optimizers.py, schedules.py), past their
     # warm-ups: LARS on the CNN (its biases and BatchNormalization excluded from decay and the trust ratio) with the
     # polynomial decay and label smoothing, as configs/tpu/resnet50_imagenet_v3_32_pod_lars.gin; LAMB with the step
@@ -77,21 +82,21 @@ CASES = {
     # from its weight decay, on the polynomial decay.
     "cnn-lars-polynomial": (DEFAULT, ("experiment.optimizer='lars'", "LEARNING_RATE=10.0",
                                       "experiment.lr_schedule='polynomial'", "polynomial.warmup_steps=20",
-                                      "softmax_cross_entropy.label_smoothing=0.1"), [1, 2, 4]),
+                                      "softmax_cross_entropy.label_smoothing=0.1"), TWO),
     "mlp-lamb-step": (MLP, ("experiment.optimizer='lamb'", "LEARNING_RATE=0.001", "TRAIN_STEPS=100",
                             "experiment.lr_schedule='step'", "step.boundaries=[0.2, 0.4]", "step.warmup_steps=10"),
-                      [1, 2, 4]),
+                      TWO),
     "mlp-adamw-exclude-bias-polynomial": (MLP, ("experiment.optimizer='adamw'", "LEARNING_RATE=0.001",
                                                 "adamw.exclude_from_weight_decay=['bias']", "TRAIN_STEPS=100",
                                                 "experiment.lr_schedule='polynomial'", "polynomial.warmup_steps=10"),
-                                          [1, 2, 4]),
+                                          TWO),
     # Augmentation keyed by example (tasks/augmentation/by_name.py): RandAugment per example and mixup in the step, as
     # shipped; mixup's soft targets through softmax_cross_entropy.
-    "digits-cnn-randaugment-mixup": ("configs/experiments/digits_cnn_augmented.gin", (), [1, 2, 4]),
+    "digits-cnn-randaugment-mixup": ("configs/experiments/digits_cnn_augmented.gin", (), TWO),
     # Both batch mixings: mixup or CutMix per step, drawn from (SEED, step) (tasks/augmentation/mixing.py).
     "digits-cnn-randaugment-mixup-or-cutmix": ("configs/experiments/digits_cnn_augmented.gin",
                                                ("experiment.augmentation=['randaugment', 'mixup', 'cutmix']",),
-                                               [1, 2, 4]),
+                                               FOUR),
 }
 
 
@@ -270,7 +275,7 @@ def test_a_tensor_with_zero_exact_gradient_does_not_fail_the_check(data_dir, mon
 
     monkeypatch.setitem(registry.MODELS, "bias_before_bn", _bias_before_batch_norm)
     config = shipped_config(MLP, "MODEL='bias_before_bn'", "experiment.optimizer='adam'", "LEARNING_RATE=0.001")
-    replicas = [1, 2, 4]  # As the cases above: the noise is there from 2 replicas on.
+    replicas = TWO  # As the cases above: the noise is there from 2 replicas on.
     runs, probe = replica_invariance.measure(config, replicas, steps=replica_invariance.default_steps())
     passed, table = replica_invariance.report(runs, probe)
     print(table)
