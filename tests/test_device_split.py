@@ -148,7 +148,7 @@ def test_the_draw_and_the_whole_loop_compile_with_xla_and_draw_the_same_batches(
     (loss, weights), (xla_loss, xla_weights) = train(xla=False), train(xla=True)
     np.testing.assert_allclose(xla_loss, loss, rtol=1e-5)
     np.testing.assert_allclose(xla_weights, weights, rtol=0, atol=1e-5)  # Measured: 1.4e-6 at worst.
-    other_loss, other_weights = train(xla=True, seed=1)
+    other_loss, other_weights = train(xla=False, seed=1)  # Without XLA: what it shows needs no third compile.
     assert abs(other_loss - loss) > 1e-3 * abs(loss) and np.abs(other_weights - weights).max() > 1e-2
 
 
