@@ -19,7 +19,9 @@ import time
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import forked_python
+from forked_python import REPO_ROOT  # One spelling of the repository's root for the tests.
+
 VIRTUAL_CPUS = 8
 _SESSION_DIR = tempfile.mkdtemp(prefix="template-tests-")
 _stub_process = None
@@ -50,7 +52,6 @@ def pytest_configure(config):
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     })
-    import forked_python
     from tpu_utils.strategy import configure_virtual_cpus
 
     forked_python.configure(os.environ)  # The session's environment, before any test changes it.

@@ -8,8 +8,7 @@ import threading
 import time
 
 import forked_python
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from forked_python import REPO_ROOT  # One spelling of the repository's root for the tests.
 
 
 def run_train_py(*args: str, cwd: str | None = None, timeout: float = 300, env: dict | None = None,
