@@ -52,10 +52,19 @@ def pytest_configure(config):
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     })
-    from tpu_utils.strategy import configure_virtual_cpus
-
     forked_python.configure(os.environ)  # The session's environment, before any test changes it.
-    configure_virtual_cpus(VIRTUAL_CPUS)
+    if not _distributes_the_tests(config):  # A controller of xdist's workers runs no test: no TensorFlow (4 s).
+        from tpu_utils.strategy import configure_virtual_cpus
+
+        configure_virtual_cpus(VIRTUAL_CPUS)
+
+
+def _distributes_the_tests(config) -> bool:
+    """This process hands the tests to pytest-xdist's workers (`-n N`, N >= 1) and runs none itself (xdist's own
+    condition: a distribution mode and workers, not a collection only)."""
+    option = config.option
+    return (not hasattr(config, "workerinput") and not option.collectonly and getattr(option, "dist", "no") != "no"
+            and bool(getattr(option, "tx", None)))
 
 
 # The tests of the core (what every run executes: tests/test_layout.py says which folders): `pytest -m core` runs
