@@ -52,11 +52,13 @@ def pytest_configure(config):
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     })
-    forked_python.configure(os.environ)  # The session's environment, before any test changes it.
     if not _distributes_the_tests(config):  # A controller of xdist's workers runs no test: no TensorFlow (4 s).
         from tpu_utils.strategy import configure_virtual_cpus
 
         configure_virtual_cpus(VIRTUAL_CPUS)
+    # The session's environment, before any test changes it and after TensorFlow's import has set its own variables
+    # (TF2_BEHAVIOR, KMP_*, TPU_ML_PLATFORM*, ...): a command whose environment differs from it is not forked.
+    forked_python.configure(os.environ)
 
 
 def _distributes_the_tests(config) -> bool:
