@@ -167,10 +167,13 @@ def test_a_restart_without_the_ledger_evaluates_twice_and_the_check_catches_it(t
         assert_evaluated_once(copy, STEPS)
 
 
-# train.py with the checkpoint of step 150 deleted (as the training job's rotation does) after the sidecar read it
-# back and before it restored it.
+# train.py with the checkpoint of step 150 deleted as the training job's rotation deletes it, one file at a time,
+# after the sidecar read it back: its .index at once, before the restore, and its data file half a second later, while
+# the failed restore is being judged (a sidecar that judged at once saw the data file, took the checkpoint for one
+# still there and ended with a traceback: seen in CI).
 ROTATED_WHILE_READ = """
 import sys
+import threading
 import tensorflow as tf
 import train
 from training.run_directory import record
@@ -178,8 +181,10 @@ original = record.verify
 def verify_then_rotate(prefix):
     reason = original(prefix)
     if prefix.endswith("ckpt-150"):
-        for name in tf.io.gfile.glob(prefix + ".*"):
-            tf.io.gfile.remove(name)
+        tf.io.gfile.remove(prefix + ".index")
+        data = tf.io.gfile.glob(prefix + ".data-*")
+        assert data, prefix
+        threading.Timer(0.5, lambda: [tf.io.gfile.remove(name) for name in data]).start()
     return reason
 record.verify = verify_then_rotate
 sys.exit(train.main(["train.py"] + sys.argv[1:]))

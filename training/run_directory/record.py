@@ -11,6 +11,7 @@ writer per run directory: the training job when it evaluates during training (EV
 """
 
 import logging
+import time
 
 import tensorflow as tf
 
@@ -27,6 +28,7 @@ from training.run_directory.leftovers import remove_leftovers
 log = logging.getLogger(__name__)
 
 ROLES = ("train", "eval", "export", "continuous_eval")
+ROTATION_SECONDS = 2.0  # Time for a rotation seen half done to finish (restore_step): each file is one delete.
 
 
 def keeps_best(config, role: str) -> bool:
@@ -216,7 +218,11 @@ class RunRecord:
                 self.trainer.restore(path)
             except (tf.errors.OpError, ValueError) as error:  # Rotated away between the read-back and the restore?
                 if step in checkpoint_steps(checkpoint_dir):
-                    raise
+                    # TensorFlow's rotation deletes a checkpoint's files one at a time, the state file after them:
+                    # it may be half done. Judged once it has had time to finish (a restore failed so in CI).
+                    time.sleep(ROTATION_SECONDS)
+                    if step in checkpoint_steps(checkpoint_dir):
+                        raise
                 reason = f"unreadable ({type(error).__name__})"
         if reason is None:
             return None
