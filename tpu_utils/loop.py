@@ -83,24 +83,20 @@ def replica_disagreement(strategy: tf.distribute.Strategy, variables) -> float:
     if strategy.num_replicas_in_sync == 1 or not variables:
         return 0.0
 
-    sizes = [variable.shape.num_elements() for variable in variables]
-
     @tf.function
     def measure():
         def per_replica():
-            # The variables as one vector, its elements numbered by variable: two all-reduces and a few ops for the
-            # whole model, at the end of every run (ten ops and two all-reduces per variable took 11 s to build for
-            # MobileNetV3Small's 208 variables on 2 replicas; this: about 1 s).
+            # Two all-reduces for all the variables together, each a list: ten ops and two all-reduces per variable
+            # took 11.5 s to build for MobileNetV3Small's 208 variables on 2 replicas, at the end of every run; this
+            # 3.4 s. The means of all the variables are alive at once, as the step's all-reduced gradients are.
             context = tf.distribute.get_replica_context()
             replicas = tf.cast(context.num_replicas_in_sync, tf.float32)
-            values = tf.concat([tf.reshape(tf.cast(tf.identity(variable), tf.float32), [-1]) for variable in variables],
-                               axis=0)
-            owner = tf.repeat(tf.range(len(sizes)), sizes)
-            mean = context.all_reduce(tf.distribute.ReduceOp.SUM, values) / replicas
-            deviations = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.math.unsorted_segment_max(
-                tf.abs(values - mean), owner, len(sizes)))
-            scales = tf.maximum(tf.math.unsorted_segment_max(tf.abs(mean), owner, len(sizes)), 1e-30)
-            return tf.maximum(tf.reduce_max(deviations / scales), 0.0)  # An empty variable: the lowest float.
+            values = [tf.cast(tf.identity(variable), tf.float32) for variable in variables]
+            means = [total / replicas for total in context.all_reduce(tf.distribute.ReduceOp.SUM, values)]
+            deviations = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stack(
+                [tf.reduce_max(tf.abs(value - mean)) for value, mean in zip(values, means, strict=True)]))
+            scales = tf.stack([tf.maximum(tf.reduce_max(tf.abs(mean)), 1e-30) for mean in means])
+            return tf.maximum(tf.reduce_max(deviations / scales), 0.0)  # An empty variable's maximum is -inf.
 
         return strategy.experimental_local_results(strategy.run(per_replica))[0]
 
