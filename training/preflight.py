@@ -75,18 +75,16 @@ def run_preflight(config: ExperimentConfig, model_dir: str, *,
                             per_replica_batch=batching.per_replica)
         one_pipeline = tf.distribute.InputContext()
         # Where the split is kept on the device, its draw is what the step receives (and the host's pipeline, never
-        # used then, would decode the whole split a second time). One trace of the draw serves its shapes and its
-        # XLA compile (_check_train_split).
-        draw = (tf.function(trainer.train_iterator().replica_batch, jit_compile=True)
-                if trainer.train_data_on_device else None)
-        train_spec = _drawn_spec(draw) if draw else trainer.train_input_fn()(one_pipeline).element_spec
+        # used then, would decode the whole split a second time).
+        train_spec = (_drawn_spec(trainer.train_iterator()) if trainer.train_data_on_device else
+                      trainer.train_input_fn()(one_pipeline).element_spec)
         eval_spec = trainer.eval_input_fn(one_pipeline).element_spec
     except ConfigError as error:
         return checks + [Check("input pipelines and model build", str(error))]
     checks.append(Check("input pipelines and model build", note=f"{trainer.model.count_params():,} parameters"))
     checks.append(_check_static_shapes({"train": train_spec, "eval": eval_spec}))
     checks.append(_check_xla_compiles(trainer, train_spec))
-    checks.append(_check_train_split(trainer, draw))
+    checks.append(_check_train_split(trainer))
     if getattr(trainer.task, "augment", None) is not None:
         # The draw on the device augments its batch: compiled there already (a second compile took ~20 s).
         drawn = trainer.train_data_on_device and not checks[-1].problem
@@ -142,10 +140,9 @@ def _check_buckets(config: ExperimentConfig, model_dir: str) -> Check:
     return Check("gs:// buckets exist and are writable")
 
 
-def _drawn_spec(draw) -> tuple:
-    """The TensorSpecs of one replica's batch drawn by `draw` (a DeviceSplit's replica_batch as a tf.function; traced,
-    not run)."""
-    drawn = draw.get_concrete_function(tf.TensorSpec([], tf.int64)).structured_outputs
+def _drawn_spec(split) -> tuple:
+    """The TensorSpecs of one replica's batch drawn from a DeviceSplit (traced, not run)."""
+    drawn = tf.function(split.replica_batch).get_concrete_function(tf.TensorSpec([], tf.int64)).structured_outputs
     return tf.nest.map_structure(lambda tensor: tf.TensorSpec(tensor.shape, tensor.dtype), drawn)
 
 
@@ -173,17 +170,18 @@ def _check_xla_compiles(trainer: Trainer, train_spec) -> Check:
     return Check("train step compiles with XLA", note=f"one replica, {time.perf_counter() - started:.1f} s")
 
 
-def _check_train_split(trainer: Trainer, draw) -> Check:
-    """Where the batches come from; on the device, `draw` (the draw of one replica's batch, traced by _drawn_spec)
-    compiles with XLA (compile only)."""
+def _check_train_split(trainer: Trainer) -> Check:
+    """Where the batches come from; on the device, the draw of one replica's batch compiles with XLA (compile only)."""
     if not trainer.train_data_on_device:
         return Check("train split", note=f"read by tf.data on the host: {trainer.host_input_reason}")
     name = "train split on the device, its draw compiles with XLA"
+    split = trainer.train_iterator()
     try:
-        draw.experimental_get_compiler_ir(tf.constant(0, tf.int64))(stage="hlo")
+        tf.function(split.replica_batch, jit_compile=True).experimental_get_compiler_ir(
+            tf.constant(0, tf.int64))(stage="hlo")
     except Exception as error:  # noqa: BLE001 - as in _check_xla_compiles.
         return Check(name, " ".join(str(error).split())[:600])
-    return Check(name, note=f"{trainer.train_iterator().bytes_per_replica / 2**20:,.1f} MiB per replica")
+    return Check(name, note=f"{split.bytes_per_replica / 2**20:,.1f} MiB per replica")
 
 
 def _check_augmentation_compiles(task) -> Check:
