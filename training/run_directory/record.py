@@ -28,7 +28,8 @@ from training.run_directory.leftovers import remove_leftovers
 log = logging.getLogger(__name__)
 
 ROLES = ("train", "eval", "export", "continuous_eval")
-ROTATION_SECONDS = 2.0  # Time for a rotation seen half done to finish (restore_step): each file is one delete.
+ROTATION_SECONDS = 10.0  # At most this long for a rotation seen half done to finish (restore_step): one delete
+# per file, on gs:// a request each.
 
 
 def keeps_best(config, role: str) -> bool:
@@ -217,12 +218,13 @@ class RunRecord:
             try:
                 self.trainer.restore(path)
             except (tf.errors.OpError, ValueError) as error:  # Rotated away between the read-back and the restore?
-                if step in checkpoint_steps(checkpoint_dir):
-                    # TensorFlow's rotation deletes a checkpoint's files one at a time, the state file after them:
-                    # it may be half done. Judged once it has had time to finish (a restore failed so in CI).
-                    time.sleep(ROTATION_SECONDS)
-                    if step in checkpoint_steps(checkpoint_dir):
+                # TensorFlow's rotation deletes a checkpoint's files one at a time, the state file after them: it
+                # may be half done (a restore failed so in CI). Judged once it has had time to finish.
+                deadline = time.monotonic() + ROTATION_SECONDS
+                while step in checkpoint_steps(checkpoint_dir):
+                    if time.monotonic() >= deadline:
                         raise
+                    time.sleep(0.2)
                 reason = f"unreadable ({type(error).__name__})"
         if reason is None:
             return None
