@@ -37,8 +37,8 @@ def test_negative_control_without_averaging_the_copies_drift(small_config, monke
                       make_strategy("mirrored", virtual_devices=3))
     trainer.train(trainer.train_iterator(), 5)
     assert _worst_copy_difference(trainer) > 1e-4
-    # ... and the check sees it: its all-reduces over the variables as one vector give its formula as numpy computes
-    # it from the copies (float32 sums: 1e-5 relative).
+    # ... and the check sees it: its two all-reduces over all the variables give its formula as numpy computes it
+    # from the copies (float32 sums: 1e-5 relative).
     measured = loop.replica_disagreement(trainer.strategy, trainer.model.variables)
     assert measured > 1e-5 and np.isclose(measured, _disagreement_in_numpy(trainer), rtol=1e-5, atol=0), measured
 

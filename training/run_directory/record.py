@@ -28,8 +28,8 @@ from training.run_directory.leftovers import remove_leftovers
 log = logging.getLogger(__name__)
 
 ROLES = ("train", "eval", "export", "continuous_eval")
-ROTATION_SECONDS = 10.0  # At most this long for a rotation seen half done to finish (restore_step): one delete
-# per file, on gs:// a request each.
+# How long restore_step waits at most for a rotation seen half done to finish: one delete per file (on gs:// a request).
+ROTATION_SECONDS = 10.0
 
 
 def keeps_best(config, role: str) -> bool:
